@@ -1,0 +1,46 @@
+# txstage — the two commands a newcomer needs: `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: install test unit integration lint kafka-up kafka-down demo bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	@rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(VENV)/bin/ruff check service tests bench
+	$(VENV)/bin/mypy
+
+test: install lint
+	$(PY) -m tests.harness.kafka install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: install
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+integration: install
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+kafka-up: install
+	$(PY) -m tests.harness.kafka up
+
+kafka-down: install
+	$(PY) -m tests.harness.kafka down
+
+demo: install
+	$(PY) -m bench.demo
+
+bench: install
+	$(PY) -m bench.throughput
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

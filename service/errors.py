@@ -1,0 +1,122 @@
+"""txstage's exceptions, and the one place Kafka errors are translated into them.
+
+    TxstageError
+    ├── ConfigError           bad settings or transform; the CLI exits 2
+    ├── PoisonRecordError     a record the transform cannot turn into outputs
+    └── KafkaOperationError   a librdkafka call failed; carries op, partition, code
+        ├── RetriableError    retry the same call (a commit time-out is one: never abort)
+        ├── AbortableError    abort the transaction, rewind to its first offset
+        ├── FencedError       another owner took the transactional.id: drop the producer
+        └── FatalError        nothing to retry; the replica exits non-zero
+
+``translate`` classifies by librdkafka's own flags (``retriable()``,
+``txn_requires_abort()``, ``fatal()``) and the ``_FENCED`` code, in that spirit:
+fenced first (librdkafka marks it fatal too), then retriable, abortable, fatal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException
+
+
+class TxstageError(Exception):
+    """Base of every error txstage raises on purpose."""
+
+
+class ConfigError(TxstageError):
+    """A setting, topic or transform is unusable; the CLI exits with code 2."""
+
+    def __init__(self, *problems: str) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+class PoisonRecordError(TxstageError):
+    """The transform raised, or an output cannot be produced (e.g. too large)."""
+
+    def __init__(self, topic: str, partition: int, offset: int, cause: BaseException) -> None:
+        self.topic, self.partition, self.offset, self.cause = topic, partition, offset, cause
+        super().__init__(
+            f"poison record {topic}/{partition}@{offset}: {type(cause).__name__}: {cause}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """What was being done, and to which input partition, when Kafka failed."""
+
+    op: str
+    transactional_id: str | None = None
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+
+    def __str__(self) -> str:
+        parts = [self.op]
+        if self.topic is not None:
+            at = f"{self.topic}/{self.partition}"
+            parts.append(at if self.offset is None else f"{at}@{self.offset}")
+        if self.transactional_id is not None:
+            parts.append(f"transactional.id={self.transactional_id}")
+        return " ".join(parts)
+
+
+class KafkaOperationError(TxstageError):
+    """A librdkafka call failed; the subclass says what to do about it."""
+
+    action = "fail"
+
+    def __init__(self, where: Where, error: KafkaError) -> None:
+        self.where, self.error = where, error
+        self.code: int = error.code()
+        super().__init__(
+            f"{where}: {error.name()} ({self.code}): {error.str()} [{self.action}]"
+        )
+
+
+class RetriableError(KafkaOperationError):
+    action = "retry"
+
+
+class AbortableError(KafkaOperationError):
+    action = "abort"
+
+
+class FencedError(KafkaOperationError):
+    action = "fenced"
+
+
+class FatalError(KafkaOperationError):
+    action = "fatal"
+
+
+def classify(error: KafkaError) -> type[KafkaOperationError]:
+    """The txstage class for a librdkafka error, by librdkafka's own flags."""
+    if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
+        return FencedError
+    if error.retriable():
+        return RetriableError
+    if error.txn_requires_abort():
+        return AbortableError
+    return FatalError
+
+
+def translate(exc: KafkaException, where: Where) -> KafkaOperationError:
+    """Turn a KafkaException into the txstage error that says what to do."""
+    error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    if error is None:
+        error = KafkaError(KafkaError._FAIL, str(exc), fatal=True)
+    return classify(error)(where, error)
+
+
+@contextmanager
+def translated(where: Where) -> Iterator[None]:
+    """Run a librdkafka call; re-raise its KafkaException as a txstage error."""
+    try:
+        yield
+    except KafkaException as exc:
+        raise translate(exc, where) from exc

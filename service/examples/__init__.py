@@ -1,0 +1,1 @@
+"""Example transforms shipped with txstage (``TXSTAGE_TRANSFORM=service.examples.<m>:<fn>``)."""

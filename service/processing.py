@@ -1,0 +1,105 @@
+"""One input record → the exact records to write: shared by the stream and the backfill.
+
+Kafka-free on purpose: the stage and the Spark backfill call the same function,
+so the backfill's output equals the stream's record for record (parity).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from service import lineage
+from service.deadletter import dead_letter
+from service.errors import PoisonRecordError
+from service.records import Output, Record, Transform
+
+# Record batch + record framing the broker counts against max.message.bytes on
+# top of key, value and headers; generous so a borderline record is refused here,
+# where it can be dead-lettered, rather than by the broker, which would abort.
+FRAMING_BYTES = 512
+
+
+class OutputTooLargeError(ValueError):
+    """An output exceeds what its topic accepts (``max.message.bytes``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Produced:
+    """A fully resolved output: topic chosen, lineage stamped."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What to write for one input; ``error`` is set when it was dead-lettered."""
+
+    outputs: list[Produced]
+    error: BaseException | None = None
+
+    @property
+    def dead_lettered(self) -> bool:
+        return self.error is not None
+
+
+def size_of(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> int:
+    return (len(key or b"") + len(value or b"") + FRAMING_BYTES
+            + sum(len(name) + len(data) for name, data in headers))
+
+
+def process(
+    transform: Transform,
+    record: Record,
+    *,
+    default_topic: str,
+    dlq_topic: str | None,
+    max_bytes: Callable[[str], int],
+) -> Result:
+    """Apply ``transform`` to ``record``; dead-letter it on failure when a DLQ is set.
+
+    Raises PoisonRecordError when the record fails and there is no DLQ.
+    """
+    src = lineage.source_of(record.topic, record.partition, record.offset)
+    try:
+        outputs = _resolve(transform(record), src, default_topic, max_bytes)
+    except Exception as exc:
+        if not dlq_topic:
+            raise PoisonRecordError(record.topic, record.partition, record.offset, exc) from exc
+        letter = dead_letter(record, exc, dlq_topic)
+        headers = lineage.stamp(letter.headers, src, 0)
+        return Result([Produced(dlq_topic, letter.key, letter.value, headers)], exc)
+    return Result(outputs)
+
+
+def _resolve(
+    outputs: object, src: bytes, default_topic: str, max_bytes: Callable[[str], int]
+) -> list[Produced]:
+    resolved = []
+    for index, out in enumerate(outputs):  # type: ignore[call-overload]
+        if not isinstance(out, Output):
+            raise TypeError(f"the transform yielded a {type(out).__name__}, not service.Output")
+        _check_bytes(out)
+        topic = out.topic or default_topic
+        headers = lineage.stamp(out.headers, src, index)
+        size, limit = size_of(out.key, out.value, headers), max_bytes(topic)
+        if size > limit:
+            raise OutputTooLargeError(
+                f"output {index} for topic {topic!r} is about {size} bytes; "
+                f"the limit is {limit} bytes"
+            )
+        resolved.append(Produced(topic, out.key, out.value, headers))
+    return resolved
+
+
+def _check_bytes(out: Output) -> None:
+    for name, field in (("key", out.key), ("value", out.value)):
+        if field is not None and not isinstance(field, bytes):
+            raise TypeError(f"Output.{name} must be bytes or None, not {type(field).__name__}")
+    for header in out.headers:
+        if not (isinstance(header, tuple) and len(header) == 2
+                and isinstance(header[0], str) and isinstance(header[1], bytes)):
+            raise TypeError(f"Output.headers must be (str, bytes) pairs, got {header!r}")
