@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
+from typing import Any
 
 from pydantic import SecretStr
 
 from service.settings import Settings
 
-Config = dict[str, str | int | float | bool | object]
+Config = dict[str, Any]
 
 
 def _plain(props: Mapping[str, SecretStr]) -> dict[str, str]:

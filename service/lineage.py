@@ -20,7 +20,7 @@ class Lineage(NamedTuple):
     topic: str
     partition: int
     offset: int
-    index: int
+    idx: int
 
 
 def source_of(topic: str, partition: int, offset: int) -> bytes:

@@ -28,6 +28,7 @@ ABORT_REASONS = (
     "timed_out",        # the coordinator aborted it (transaction.timeout.ms passed)
 )
 REBALANCE_KINDS = ("assigned", "revoked", "lost")
+LIBRDKAFKA_TRANSACTION_TIMEOUT_S = 60.0  # librdkafka default transaction.timeout.ms
 
 
 class Metrics:
@@ -112,6 +113,19 @@ class Metrics:
             "txstage_last_commit_timestamp_seconds",
             "Unix time of the last committed transaction", registry=registry,
         )
+        self.ready = Gauge(
+            "txstage_ready",
+            "1 when this replica passes its readiness check (/readyz), else 0",
+            registry=registry,
+        )
+        self.transaction_timeout = Gauge(
+            "txstage_transaction_timeout_seconds",
+            "The producers' transaction.timeout.ms, in seconds: the limit for open transactions",
+            registry=registry,
+        )
+        # librdkafka's default until the stage reports its configured value, so the
+        # "oldest open transaction" alert compares against something real from the start.
+        self.transaction_timeout.set(LIBRDKAFKA_TRANSACTION_TIMEOUT_S)
         for reason in ABORT_REASONS:
             self.aborted.labels(reason=reason)
         for kind in REBALANCE_KINDS:

@@ -6,12 +6,12 @@ so the backfill's output equals the stream's record for record (parity).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from service import lineage
 from service.deadletter import dead_letter
-from service.errors import PoisonRecordError
+from service.errors import KafkaOperationError, PoisonRecordError
 from service.records import Output, Record, Transform
 
 # Record batch + record framing the broker counts against max.message.bytes on
@@ -66,6 +66,8 @@ def process(
     src = lineage.source_of(record.topic, record.partition, record.offset)
     try:
         outputs = _resolve(transform(record), src, default_topic, max_bytes)
+    except KafkaOperationError:
+        raise  # the cluster failed us (looking up a topic's limit), not the record
     except Exception as exc:
         if not dlq_topic:
             raise PoisonRecordError(record.topic, record.partition, record.offset, exc) from exc
@@ -76,10 +78,10 @@ def process(
 
 
 def _resolve(
-    outputs: object, src: bytes, default_topic: str, max_bytes: Callable[[str], int]
+    outputs: Iterable[object], src: bytes, default_topic: str, max_bytes: Callable[[str], int]
 ) -> list[Produced]:
     resolved = []
-    for index, out in enumerate(outputs):  # type: ignore[call-overload]
+    for index, out in enumerate(outputs):
         if not isinstance(out, Output):
             raise TypeError(f"the transform yielded a {type(out).__name__}, not service.Output")
         _check_bytes(out)

@@ -1,0 +1,61 @@
+"""Validation of settings against the live cluster (``txstage check-config``, and
+``txstage run`` before it touches a record). Each problem is one line."""
+
+from __future__ import annotations
+
+from service.admin import DEFAULT_MESSAGE_MAX_BYTES, Cluster
+from service.errors import ConfigError, KafkaOperationError
+from service.kafka_config import producer_config
+from service.settings import Settings
+
+
+def producer_max_bytes(settings: Settings) -> int:
+    return int(str(producer_config(settings, None).get("message.max.bytes",
+                                                       DEFAULT_MESSAGE_MAX_BYTES)))
+
+
+def check_cluster(settings: Settings, cluster: Cluster) -> None:
+    """Raise ConfigError listing every problem found; return when there is none."""
+    try:
+        problems = [*_topic_problems(settings, cluster), *_timeout_problems(settings, cluster)]
+        if not problems:
+            problems = _size_problems(settings, cluster)
+    except KafkaOperationError as exc:
+        raise ConfigError(
+            f"cannot query the cluster at TXSTAGE_BOOTSTRAP_SERVERS="
+            f"{settings.bootstrap_servers}: {exc}") from exc
+    if problems:
+        raise ConfigError(*problems)
+
+
+def _topic_problems(settings: Settings, cluster: Cluster) -> list[str]:
+    existing = cluster.existing_topics()
+    wanted = [("TXSTAGE_INPUT_TOPICS", t) for t in settings.input_topics]
+    wanted.append(("TXSTAGE_OUTPUT_TOPIC", settings.output_topic))
+    if settings.dlq_topic:
+        wanted.append(("TXSTAGE_DLQ_TOPIC", settings.dlq_topic))
+    return [f"{name}: topic {topic!r} does not exist" for name, topic in wanted
+            if topic not in existing]
+
+
+def _timeout_problems(settings: Settings, cluster: Cluster) -> list[str]:
+    if not settings.exactly_once:
+        return []
+    ceiling = int(cluster.broker_config().get("transaction.max.timeout.ms", "900000"))
+    if settings.transaction_timeout_ms > ceiling:
+        return [f"TXSTAGE_TRANSACTION_TIMEOUT_MS={settings.transaction_timeout_ms} is above "
+                f"the broker's transaction.max.timeout.ms={ceiling}"]
+    return []
+
+
+def _size_problems(settings: Settings, cluster: Cluster) -> list[str]:
+    mine = producer_max_bytes(settings)
+    problems = []
+    for topic in filter(None, (settings.output_topic, settings.dlq_topic)):
+        theirs = int(cluster.topic_config(topic).get("max.message.bytes", mine))
+        if mine > theirs:
+            problems.append(
+                f"the producer's message.max.bytes={mine} exceeds topic {topic!r} "
+                f"max.message.bytes={theirs}: set TXSTAGE_PRODUCER__MESSAGE_MAX_BYTES={theirs} "
+                f"or raise the topic's limit")
+    return problems

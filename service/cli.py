@@ -1,0 +1,109 @@
+"""The ``txstage`` command: run, check-config, backfill.
+
+Exit codes: 0 done (or stopped by a signal), 1 a fatal runtime error,
+2 bad settings or arguments, 3 a poison record and no dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+import structlog
+from prometheus_client import CollectorRegistry
+
+from service.admin import Cluster, OutputLimits
+from service.checks import check_cluster, producer_max_bytes
+from service.errors import ConfigError, PoisonRecordError
+from service.health import Health, publish_readiness, serve
+from service.kafka_config import admin_config
+from service.logs import configure_logging
+from service.metrics import Metrics
+from service.settings import Settings, load_settings
+from service.stage import Stage
+from service.transform import load_transform
+
+log = structlog.get_logger("txstage")
+
+EXIT_OK, EXIT_FATAL, EXIT_CONFIG, EXIT_POISON = 0, 1, 2, 3
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "backfill":
+        from service.backfill import main as backfill_main  # Spark only when asked for
+
+        return int(backfill_main(args[1:]))
+    parser = argparse.ArgumentParser(prog="txstage", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("run", help="run the stage (settings from TXSTAGE_* variables)")
+    commands.add_parser("check-config", help="validate settings against the cluster, then exit")
+    commands.add_parser("backfill", help="reprocess history on PySpark (see docs/backfill.md)")
+    command = parser.parse_args(args).command
+    try:
+        settings = load_settings()
+        configure_logging(settings.log_format, settings.log_level)
+        return _run(settings) if command == "run" else _check(settings)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"txstage: config error: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def _validated(settings: Settings) -> Cluster:
+    load_transform(settings.transform)
+    cluster = Cluster(admin_config(settings))
+    check_cluster(settings, cluster)
+    return cluster
+
+
+def _check(settings: Settings) -> int:
+    _validated(settings)
+    print("txstage: configuration OK")
+    return EXIT_OK
+
+
+def _run(settings: Settings) -> int:
+    cluster = _validated(settings)
+    transform = load_transform(settings.transform)
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.describe_build(settings.guarantee, settings.group_id)
+    health = Health(stale_after=settings.health_stale_after_s)
+    publish_readiness(health, metrics)
+    server = serve(settings.metrics_port, registry, health, host=settings.metrics_host)
+    limits = OutputLimits(cluster, producer_max_bytes(settings))
+    stage = Stage(settings, transform, metrics, health, limits)
+    _install_signal_handlers(stage)
+    log.info("metrics.serving", port=server.port, paths=["/metrics", "/healthz", "/readyz"])
+    try:
+        stage.run()
+    except PoisonRecordError as exc:
+        health.fatal(str(exc))
+        log.error("stage.failed", reason="poison_record", topic=exc.topic,
+                  partition=exc.partition, offset=exc.offset, error=str(exc))
+        return EXIT_POISON
+    except Exception as exc:
+        health.fatal(str(exc))
+        log.exception("stage.failed", error=str(exc))
+        return EXIT_FATAL
+    finally:
+        server.close()
+    return EXIT_OK
+
+
+def _install_signal_handlers(stage: Stage) -> None:
+    """First SIGTERM/SIGINT: finish cleanly. Second: leave at once (the next
+    owner's init_transactions aborts whatever this replica left open)."""
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if stage.stopping:
+            os._exit(128 + signum)
+        log.info("stage.signal", signal=signal.Signals(signum).name)
+        stage.stop()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)

@@ -1,0 +1,138 @@
+"""PinnedProducer: the only class that touches a transactional producer.
+
+One instance stands for one input partition (``transactional.id`` =
+``<prefix>.<topic>.<partition>``). Every librdkafka call goes through
+``errors.translated`` so callers see txstage's error classes; retriable errors
+are retried here, with the same arguments, until ``deadline_s`` runs out.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import structlog
+from confluent_kafka import KafkaError, Message, Producer, TopicPartition
+
+from service.errors import RetriableError, Where, classify, translated
+from service.kafka_config import Config
+from service.processing import Produced
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+_QUEUE_FULL_WAIT_S = 0.05
+
+
+class DeliveryLatch:
+    """Delivery callbacks record the first failure here; the loop thread raises it.
+
+    A librdkafka callback must never raise (it would replace the commit's own
+    error), so it only stores.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._error: KafkaError | None = None
+        self.failures = 0
+
+    def __call__(self, error: KafkaError | None, message: Message) -> None:
+        if error is None:
+            return
+        with self._lock:
+            self.failures += 1
+            if self._error is None:
+                self._error = error
+
+    def take(self) -> KafkaError | None:
+        with self._lock:
+            error, self._error = self._error, None
+            return error
+
+
+class PinnedProducer:
+    """A transactional producer pinned to one input partition."""
+
+    def __init__(self, config: Config, topic: str, partition: int,
+                 *, deadline_s: float) -> None:
+        self.transactional_id = str(config["transactional.id"])
+        self.topic, self.partition = topic, partition
+        self.deadline_s = deadline_s
+        self.deliveries = DeliveryLatch()
+        self.closed = False
+        # "delivery.report.only.error": success reports would cost a Python
+        # call per output for nothing; commit_transaction flushes anyway.
+        self._producer = Producer({**config, "delivery.report.only.error": True,
+                                   "on_delivery": self.deliveries})
+
+    def _where(self, op: str, offset: int | None = None) -> Where:
+        return Where(op, self.transactional_id, self.topic, self.partition, offset)
+
+    def _retrying(self, op: str, call: Callable[[], T]) -> T:
+        """Run ``call``; retry it while librdkafka says the error is retriable."""
+        deadline = time.monotonic() + self.deadline_s
+        while True:
+            try:
+                with translated(self._where(op)):
+                    return call()
+            except RetriableError as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("kafka.retry", op=op, error=str(exc),
+                            transactional_id=self.transactional_id)
+                time.sleep(0.05)
+
+    def init(self) -> None:
+        """init_transactions: fences any older producer with this id, finishes its txn."""
+        self._retrying("init_transactions", self._producer.init_transactions)
+
+    def begin(self) -> None:
+        with translated(self._where("begin_transaction")):
+            self._producer.begin_transaction()
+
+    def produce(self, out: Produced, offset: int) -> None:
+        """Queue one output; waits (serving callbacks) while the local queue is full."""
+        while True:
+            try:
+                with translated(self._where("produce", offset)):
+                    self._producer.produce(out.topic, out.value, out.key,
+                                           headers=out.headers)  # type: ignore[arg-type]
+                return
+            except BufferError:
+                self._producer.poll(_QUEUE_FULL_WAIT_S)
+
+    def send_offsets(self, next_offset: int, group_metadata: object) -> None:
+        offsets = [TopicPartition(self.topic, self.partition, next_offset)]
+        self._retrying("send_offsets_to_transaction",
+                       lambda: self._producer.send_offsets_to_transaction(offsets, group_metadata))
+
+    def commit(self) -> None:
+        """commit_transaction; a time-out is retried, never answered with an abort."""
+        self._retrying("commit_transaction", self._producer.commit_transaction)
+
+    def abort(self) -> None:
+        self._retrying("abort_transaction", self._producer.abort_transaction)
+
+    def poll(self) -> None:
+        self._producer.poll(0)
+
+    def close(self) -> None:
+        """Release the client; librdkafka aborts a transaction still open.
+
+        Never commits: callers commit first when (and only when) that is right.
+        """
+        if not self.closed:
+            self.closed = True
+            self._producer.close()
+
+    def __repr__(self) -> str:
+        return f"PinnedProducer({self.transactional_id!r})"
+
+
+    def raise_delivery_failure(self) -> None:
+        """Re-raise, on the caller's thread, what a delivery callback recorded."""
+        error = self.deliveries.take()
+        if error is not None:
+            raise classify(error)(self._where("delivery"), error)

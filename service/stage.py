@@ -1,0 +1,391 @@
+"""The stage: consume → transform → produce, one transaction per input partition.
+
+The loop thread owns the consumer: it consumes a batch, runs the transform,
+queues outputs into each partition's open transaction, then commits the
+partitions that are due, in parallel. Rebalance callbacks run inside
+``consume()`` on the same thread; librdkafka's other callbacks only record,
+and the loop raises what they recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter as Tally
+from collections.abc import Callable
+from typing import cast
+
+import structlog
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from service.errors import (
+    AbortableError,
+    FatalError,
+    FencedError,
+    KafkaOperationError,
+    PoisonRecordError,
+    Where,
+    translated,
+)
+from service.health import Health
+from service.kafka_config import consumer_config
+from service.logs import librdkafka_logger
+from service.metrics import Metrics
+from service.pool import CommitOutcome, ProducerPool, TopicPartitionKey
+from service.processing import process
+from service.records import Record, Transform
+from service.settings import Settings
+from service.task import PartitionTask
+
+log = structlog.get_logger(__name__)
+
+_HOUSEKEEPING_EVERY_S = 1.0
+_MAX_BACKOFF_S = 30.0
+
+
+class Stage:
+    """One replica of the exactly-once stage."""
+
+    def __init__(self, settings: Settings, transform: Transform, metrics: Metrics,
+                 health: Health, max_bytes: Callable[[str], int],
+                 pool: ProducerPool | None = None) -> None:
+        self.settings = settings
+        self.transform = transform
+        self.metrics = metrics
+        self.health = health
+        self.max_bytes = max_bytes
+        self.pool = pool or ProducerPool(settings, metrics)
+        self.stopping = False
+        self._recorded: list[BaseException] = []
+        self._dirty = False
+        self._next_housekeeping = 0.0
+        config = consumer_config(settings)
+        self._session_timeout_s = float(str(config.get("session.timeout.ms", 45_000))) / 1000
+        self.consumer = Consumer({**config, "error_cb": self._on_client_error,
+                                  "logger": librdkafka_logger("consumer")})
+
+    # --- the loop --------------------------------------------------------------
+
+    def run(self) -> None:
+        """Process until ``stop()``; then commit what is open and leave the group."""
+        self.consumer.subscribe(list(self.settings.input_topics), on_assign=self._on_assign,
+                                on_revoke=self._on_revoke, on_lost=self._on_lost)
+        log.info("stage.started", topics=list(self.settings.input_topics),
+                 guarantee=self.settings.guarantee, group_id=self.settings.group_id)
+        try:
+            while not self.stopping:
+                self.iterate()
+        except BaseException:
+            self._close_dirty()
+            raise
+        self._close_clean()
+
+    def stop(self) -> None:
+        """Ask the loop to finish after the current batch (signal-handler safe)."""
+        self.stopping = True
+
+    def iterate(self) -> None:
+        self.health.beat()
+        messages = self.consumer.consume(self.settings.batch_size,
+                                         self.settings.poll_timeout_ms / 1000)
+        self._raise_recorded()
+        for task in self.pool:
+            task.discard_batch = False
+        if messages:
+            self._process(messages)
+        self._commit_due(time.monotonic())
+        self._housekeeping()
+
+    def _process(self, messages: list[Message]) -> None:
+        consumed, dead = 0, 0
+        produced: Tally[str] = Tally()
+        observe = self.metrics.transform_seconds.observe
+        settings = self.settings
+        for msg in messages:
+            error = msg.error()
+            if error is not None:
+                self._on_consume_error(error)
+                continue
+            record = _record(msg)
+            task = self.pool.get((record.topic, record.partition))
+            if task is None or task.discard_batch or task.fenced_at is not None:
+                continue
+            offset = record.offset
+            if task.position is None:
+                task.position = offset
+            consumed += 1
+            started = time.perf_counter()
+            try:
+                result = process(self.transform, record, default_topic=settings.output_topic,
+                                 dlq_topic=settings.dlq_topic or None, max_bytes=self.max_bytes)
+            except PoisonRecordError as exc:
+                self._poison(task, exc)
+                continue
+            observe(time.perf_counter() - started)
+            if result.error is not None:
+                dead += 1
+                log.warning("record.dead_lettered", topic=record.topic,
+                            partition=record.partition, offset=offset,
+                            transactional_id=task.transactional_id,
+                            error_class=type(result.error).__name__, error=str(result.error))
+            try:
+                task.write(offset, result.outputs)
+            except KafkaOperationError as exc:
+                self._on_task_error(task, exc)
+                continue
+            for out in result.outputs:
+                produced[out.topic] += 1
+        self.metrics.consumed.inc(consumed)
+        if dead:
+            self.metrics.dead_lettered.inc(dead)
+        for topic, count in produced.items():
+            self.metrics.produced.labels(topic=topic).inc(count)
+
+    # --- commits -----------------------------------------------------------------
+
+    def _commit_due(self, now: float) -> None:
+        interval = self.settings.commit_interval_ms / 1000
+        limit = self.settings.commit_max_records
+        due = [t for t in self.pool if t.txn is not None and t.fenced_at is None
+               and (t.commit_now or t.due(now, interval, limit))]
+        if not due:
+            return
+        group_metadata = self.consumer.consumer_group_metadata()
+        for outcome in self.pool.commit(due, group_metadata):
+            self._after_commit(outcome)
+
+    def _after_commit(self, outcome: CommitOutcome) -> None:
+        task, txn, error = outcome.task, outcome.committed, outcome.error
+        task.commit_now = False
+        if txn is not None:
+            self.metrics.commit_seconds.observe(outcome.seconds)
+            self.metrics.committed.inc()
+            self.metrics.records_per_transaction.observe(txn.records)
+            self.metrics.last_commit.set_to_current_time()
+            return
+        assert error is not None
+        self._on_task_error(task, error)
+
+    def _on_task_error(self, task: PartitionTask, error: KafkaOperationError) -> None:
+        """Act on a failed Kafka call for one partition, as its error class says."""
+        self.metrics.kafka_errors.labels(op=error.where.op, action=error.action).inc()
+        if isinstance(error, AbortableError):
+            self._abort(task, "abortable_error", error)
+        elif isinstance(error, FencedError):
+            self._fenced(task, error)
+        else:  # retriable past its deadline, or fatal: nothing safe is left to try
+            raise error
+
+    def _abort(self, task: PartitionTask, reason: str, cause: BaseException) -> None:
+        """Abort the partition's transaction and rewind to its first offset."""
+        try:
+            first = task.abort()
+        except FencedError as exc:
+            self._fenced(task, exc)
+            return
+        self.metrics.aborted.labels(reason=reason).inc()
+        log.warning("transaction.aborted", topic=task.topic, partition=task.partition,
+                    transactional_id=task.transactional_id, reason=reason,
+                    rewind_to=first, error=str(cause))
+        if first is not None:
+            self._rewind(task, first)
+
+    def _fenced(self, task: PartitionTask, error: KafkaOperationError) -> None:
+        """Another producer owns this transactional.id now: never publish under it again."""
+        first = task.forget()
+        task.producer.close()
+        task.fenced_at = time.monotonic()
+        self.metrics.producers_fenced.inc()
+        if first is not None:
+            self.metrics.aborted.labels(reason="fenced").inc()
+            task.position = first
+        task.discard_batch = True
+        self.consumer.pause([TopicPartition(task.topic, task.partition)])
+        log.warning("producer.fenced", topic=task.topic, partition=task.partition,
+                    transactional_id=task.transactional_id, rewind_to=task.position,
+                    error=str(error))
+
+    def _poison(self, task: PartitionTask, exc: PoisonRecordError) -> None:
+        """No dead-letter topic: commit the good prefix, back off, retry, then give up."""
+        if task.poison_offset != exc.offset:
+            task.poison_offset, task.poison_attempts = exc.offset, 0
+        task.poison_attempts += 1
+        self.metrics.aborted.labels(reason="poison").inc()
+        log.error("record.poison", topic=exc.topic, partition=exc.partition, offset=exc.offset,
+                  transactional_id=task.transactional_id, attempt=task.poison_attempts,
+                  max_attempts=self.settings.max_record_attempts, error=str(exc.cause))
+        if task.poison_attempts >= self.settings.max_record_attempts:
+            raise exc
+        # The record's outputs were never produced, so what is open is a healthy
+        # prefix: commit it now and retry from the poison record itself.
+        task.commit_now = task.txn is not None
+        self._rewind(task, exc.offset)
+        backoff = min(self.settings.retry_backoff_ms / 1000 * 2 ** (task.poison_attempts - 1),
+                      _MAX_BACKOFF_S)
+        task.resume_at = time.monotonic() + backoff
+        self.consumer.pause([TopicPartition(task.topic, task.partition)])
+
+    def _rewind(self, task: PartitionTask, offset: int) -> None:
+        """Seek back: Kafka does not rewind an aborted transaction's input for us."""
+        task.position = offset
+        task.discard_batch = True
+        with translated(Where("seek", task.transactional_id, task.topic, task.partition, offset)):
+            self.consumer.seek(TopicPartition(task.topic, task.partition, offset))
+
+    # --- housekeeping ------------------------------------------------------------
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        for task in self.pool:
+            if task.resume_at is not None and now >= task.resume_at:
+                task.resume_at = None
+                self.consumer.resume([TopicPartition(task.topic, task.partition)])
+            elif task.fenced_at is not None and now - task.fenced_at > self._session_timeout_s:
+                self._reclaim(task)
+        if now < self._next_housekeeping:
+            return
+        self._next_housekeeping = now + _HOUSEKEEPING_EVERY_S
+        self.metrics.oldest_open_transaction.set(max((t.age(now) for t in self.pool), default=0))
+        self._update_lag()
+
+    def _reclaim(self, fenced: PartitionTask) -> None:
+        """Fenced, yet still assigned a session time-out later: the consumer really
+        owns the partition (the coordinator had timed our transaction out), so a
+        new producer takes over and the partition resumes from its committed offset.
+        Waiting a session time-out first keeps a zombie from fencing the real owner."""
+        task = self.pool.replace(fenced)
+        position = fenced.position
+        log.info("producer.reclaimed", topic=task.topic, partition=task.partition,
+                 transactional_id=task.transactional_id, resume_from=position)
+        tp = TopicPartition(task.topic, task.partition)
+        if position is not None:
+            self._rewind(task, position)
+        self.consumer.resume([tp])
+
+    def _update_lag(self) -> None:
+        for task in self.pool:
+            tp = TopicPartition(task.topic, task.partition)
+            _, high = self.consumer.get_watermark_offsets(tp, cached=True)
+            if high is not None and high >= 0 and task.position is not None:
+                self.metrics.consumer_lag.labels(task.topic, str(task.partition)).set(
+                    max(high - task.position, 0))
+
+    # --- rebalance callbacks (run inside consume(), on the loop thread) ---------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        started = time.monotonic()
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        self.metrics.rebalances.labels(kind="assigned").inc()
+        try:
+            self.pool.open(keys)
+        except BaseException as exc:
+            self._recorded.append(exc)
+        ready = [tp for tp in partitions if self.pool.get((tp.topic, tp.partition))]
+        consumer.incremental_assign(ready)
+        seconds = time.monotonic() - started
+        self.metrics.rebalance_seconds.observe(seconds)
+        self.health.joined(True)
+        self.health.partitions(len(self.pool), len(self.pool))
+        log.info("partitions.assigned", partitions=_names(keys), seconds=round(seconds, 4),
+                 pinned=len(self.pool))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._release(consumer, partitions, kind="revoked")
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._release(consumer, partitions, kind="lost")
+
+    def _release(self, consumer: Consumer, partitions: list[TopicPartition], kind: str) -> None:
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        self.metrics.rebalances.labels(kind=kind).inc()
+        try:
+            if kind == "revoked" and not self._dirty:
+                group_metadata = consumer.consumer_group_metadata()
+                self.pool.close(keys, lambda t: self._finish(t, group_metadata, "revoked"))
+            else:
+                self.pool.close(keys, lambda t: self._finish(t, None, kind))
+        except BaseException as exc:
+            self._recorded.append(exc)
+        for topic, partition in keys:
+            self._forget_gauges(topic, partition)
+        self.health.partitions(len(self.pool), len(self.pool))
+        log.info(f"partitions.{kind}", partitions=_names(keys), pinned=len(self.pool))
+
+    def _finish(self, task: PartitionTask, group_metadata: object | None, reason: str) -> None:
+        """Revoked: commit a healthy transaction. Lost, dirty or failed: abort. (Pool thread.)"""
+        if task.txn is None or task.fenced_at is not None:
+            return
+        if group_metadata is not None:
+            outcome = self.pool.commit([task], group_metadata)[0]
+            if outcome.error is None:
+                self._after_commit(outcome)
+                return
+            log.warning("transaction.commit_failed", topic=task.topic, partition=task.partition,
+                        transactional_id=task.transactional_id, error=str(outcome.error))
+        try:
+            first = task.abort()
+        except KafkaOperationError as exc:  # closing anyway: the next owner aborts it
+            log.warning("transaction.abort_failed", transactional_id=task.transactional_id,
+                        error=str(exc))
+            return
+        self.metrics.aborted.labels(reason=reason).inc()
+        log.info("transaction.aborted", topic=task.topic, partition=task.partition,
+                 transactional_id=task.transactional_id, reason=reason, rewind_to=first)
+
+    def _forget_gauges(self, topic: str, partition: int) -> None:
+        with contextlib.suppress(KeyError):
+            self.metrics.consumer_lag.remove(topic, str(partition))
+
+    # --- errors recorded by librdkafka callbacks ---------------------------------
+
+    def _on_client_error(self, error: KafkaError) -> None:
+        """error_cb, on a librdkafka thread: log, and record a fatal error. Never raises."""
+        log.warning("kafka.client_error", code=error.name(), error=error.str(),
+                    fatal=error.fatal())
+        if error.fatal():
+            self._recorded.append(FatalError(Where("consumer"), error))
+
+    def _on_consume_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            raise FatalError(Where("consume"), error)
+        log.warning("kafka.consume_error", code=error.name(), error=error.str())
+
+    def _raise_recorded(self) -> None:
+        if self._recorded:
+            raise self._recorded[0]
+
+    # --- shutdown ----------------------------------------------------------------
+
+    def _close_clean(self) -> None:
+        """SIGTERM: commit what is open, leave the group (revokes), close producers."""
+        log.info("stage.stopping", open_transactions=sum(1 for t in self.pool if t.txn))
+        self._commit_due(float("inf"))
+        self.consumer.close()
+        self.pool.close([t.key for t in self.pool], lambda t: self._finish(t, None, "shutdown"))
+        self.pool.shutdown()
+        self.health.joined(False)
+        log.info("stage.stopped")
+
+    def _close_dirty(self) -> None:
+        """After an unexpected error a transaction may hold part of a record's
+        outputs: abort everything, commit nothing."""
+        self._dirty = True
+        log.error("stage.failing", open_transactions=sum(1 for t in self.pool if t.txn))
+        self.pool.close([t.key for t in self.pool], lambda t: self._finish(t, None, "shutdown"))
+        try:
+            self.consumer.close()
+        except Exception as exc:
+            log.warning("consumer.close_failed", error=str(exc))
+        self.pool.shutdown()
+
+
+def _record(msg: Message) -> Record:
+    """The transform's view of a consumed message (values stay bytes, untouched)."""
+    raw = cast("list[tuple[str, bytes | None]] | None", msg.headers())
+    headers = tuple((name, value or b"") for name, value in raw) if raw else ()
+    return Record(cast(str, msg.topic()), cast(int, msg.partition()), cast(int, msg.offset()),
+                  msg.timestamp()[1], msg.key(), msg.value(), headers)
+
+
+def _names(keys: list[TopicPartitionKey]) -> list[str]:
+    return [f"{topic}/{partition}" for topic, partition in keys]

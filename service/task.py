@@ -1,0 +1,86 @@
+"""PartitionTask: the state of one assigned input partition and its transaction."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from service import transaction
+from service.processing import Produced
+from service.producer import PinnedProducer
+
+
+@dataclass(slots=True)
+class OpenTransaction:
+    first_offset: int  # where to rewind when it aborts
+    next_offset: int   # what to commit: last processed offset + 1
+    records: int
+    opened_at: float   # time.monotonic()
+
+
+class PartitionTask:
+    """One input partition: its pinned producer and at most one open transaction.
+
+    Not thread-safe by design: the loop thread calls everything except
+    ``commit``, which a pool thread may run while the loop thread waits.
+    """
+
+    def __init__(self, topic: str, partition: int, producer: PinnedProducer) -> None:
+        self.topic, self.partition = topic, partition
+        self.producer = producer
+        self.txn: OpenTransaction | None = None
+        self.position: int | None = None  # next input offset to process
+        self.poison_offset: int | None = None  # the record the transform keeps failing on
+        self.poison_attempts = 0       # failed attempts at poison_offset
+        self.commit_now = False        # commit at the end of this batch, due or not
+        self.discard_batch = False     # rewound: drop the rest of this consume batch
+        self.fenced_at: float | None = None  # monotonic time the producer was fenced
+        self.resume_at: float | None = None  # paused for backoff until then
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+    @property
+    def transactional_id(self) -> str:
+        return self.producer.transactional_id
+
+    def write(self, offset: int, outputs: list[Produced]) -> None:
+        """Add one input record's outputs to the open transaction (opening one if needed)."""
+        txn = self.txn
+        if txn is None:
+            self.producer.begin()
+            txn = self.txn = OpenTransaction(offset, offset + 1, 0, time.monotonic())
+        for out in outputs:
+            self.producer.produce(out, offset)
+        txn.next_offset = self.position = offset + 1
+        txn.records += 1
+
+    def due(self, now: float, interval_s: float, max_records: int) -> bool:
+        txn = self.txn
+        return txn is not None and (now - txn.opened_at >= interval_s
+                                    or txn.records >= max_records)
+
+    def commit(self, group_metadata: object) -> OpenTransaction:
+        """Commit the open transaction; returns what it held. See transaction.commit."""
+        txn = self.txn
+        assert txn is not None, "commit without an open transaction"
+        transaction.commit(self.producer, txn.next_offset, group_metadata)
+        self.txn = None
+        return txn
+
+    def abort(self) -> int | None:
+        """Abort the open transaction, if any; returns the offset to rewind to."""
+        txn, self.txn = self.txn, None
+        if txn is None:
+            return None
+        self.producer.abort()
+        return txn.first_offset
+
+    def forget(self) -> int | None:
+        """Drop the open transaction without touching the (fenced or dead) producer."""
+        txn, self.txn = self.txn, None
+        return None if txn is None else txn.first_offset
+
+    def age(self, now: float) -> float:
+        return 0.0 if self.txn is None else now - self.txn.opened_at

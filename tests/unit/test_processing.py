@@ -1,0 +1,82 @@
+"""One record → its outputs: lineage, dead letters, size limits; no Kafka involved."""
+
+from collections.abc import Iterator
+
+import pytest
+
+from service import Output, Record, lineage
+from service.deadletter import ERROR_CLASS, ERROR_OFFSET
+from service.errors import PoisonRecordError
+from service.examples.fanout import split_lines
+from service.examples.filter import evens
+from service.examples.square import square
+from service.processing import process
+
+RECORD = Record("in", 2, 40, 1_700_000_000_000, b"k", b"12", (("h", b"v"),))
+
+
+def unlimited(topic: str) -> int:
+    return 1_000_000
+
+
+def run(fn, record=RECORD, dlq="dlq", limit=unlimited):  # type: ignore[no-untyped-def]
+    return process(fn, record, default_topic="out", dlq_topic=dlq, max_bytes=limit)
+
+
+def test_outputs_carry_lineage_in_order() -> None:
+    record = Record("in", 1, 9, 0, b"k", b"a\nb\nc")
+    result = run(split_lines, record)
+    assert [o.topic for o in result.outputs] == ["out", "out", "out", "txstage-summary"]
+    parsed = [lineage.read(o.headers) for o in result.outputs]
+    assert parsed == [lineage.Lineage("in", 1, 9, i) for i in range(4)]
+
+
+def test_square_keeps_key_and_squares() -> None:
+    (out,) = run(square).outputs
+    assert (out.topic, out.key, out.value) == ("out", b"k", b"144")
+
+
+def test_filter_may_produce_nothing() -> None:
+    assert run(evens, Record("in", 0, 1, 0, None, b"3")).outputs == []
+    assert not run(evens, Record("in", 0, 1, 0, None, b"3")).dead_lettered
+
+
+def test_failing_transform_is_dead_lettered_with_coordinates() -> None:
+    result = run(square, Record("in", 2, 41, 0, b"k", b"not a number", (("h", b"v"),)))
+    (letter,) = result.outputs
+    headers = dict(letter.headers)
+    assert letter.topic == "dlq" and letter.value == b"not a number" and letter.key == b"k"
+    assert headers[ERROR_CLASS] == b"ValueError" and headers[ERROR_OFFSET] == b"41"
+    assert headers["h"] == b"v"
+    assert lineage.read(letter.headers) == lineage.Lineage("in", 2, 41, 0)
+
+
+def test_without_dlq_a_failure_is_a_poison_record_error() -> None:
+    with pytest.raises(PoisonRecordError) as caught:
+        run(square, Record("in", 2, 41, 0, None, b"x"), dlq=None)
+    assert (caught.value.topic, caught.value.partition, caught.value.offset) == ("in", 2, 41)
+
+
+def test_output_above_the_topic_limit_is_dead_lettered_not_produced() -> None:
+    def big(record: Record) -> Iterator[Output]:
+        yield Output(value=b"x" * 5000)
+
+    result = run(big, limit=lambda topic: 1000 if topic == "out" else 10_000)
+    assert result.dead_lettered and result.outputs[0].topic == "dlq"
+    assert "limit is 1000 bytes" in str(result.error)
+
+
+def test_a_failure_midway_produces_none_of_the_outputs() -> None:
+    def half(record: Record) -> Iterator[Output]:
+        yield Output(value=b"first")
+        raise RuntimeError("second failed")
+
+    result = run(half)
+    assert [o.topic for o in result.outputs] == ["dlq"]
+
+
+def test_wrong_output_types_are_rejected() -> None:
+    def wrong(record: Record) -> Iterator[object]:
+        yield "a string"
+
+    assert isinstance(run(wrong).error, TypeError)  # type: ignore[arg-type]

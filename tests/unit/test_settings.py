@@ -1,0 +1,82 @@
+"""Settings: the exactly-once properties cannot be overridden; problems are named."""
+
+import pytest
+
+from service.errors import ConfigError
+from service.kafka_config import consumer_config, producer_config
+from service.settings import load_settings
+
+BASE = {
+    "TXSTAGE_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
+    "TXSTAGE_GROUP_ID": "grp",
+    "TXSTAGE_INPUT_TOPICS": "in-a, in-b",
+    "TXSTAGE_OUTPUT_TOPIC": "out",
+    "TXSTAGE_TRANSFORM": "service.examples.square:square",
+}
+
+
+def test_defaults_and_comma_separated_topics() -> None:
+    settings = load_settings(BASE)
+    assert settings.input_topics == ("in-a", "in-b")
+    assert settings.guarantee == "exactly_once"
+    assert settings.commit_interval_ms == 100
+    assert settings.id_prefix == "grp"
+    assert settings.transactional_id("in-a", 7) == "grp.in-a.7"
+
+
+def test_transactional_id_prefix_overrides_group_id() -> None:
+    settings = load_settings({**BASE, "TXSTAGE_TRANSACTIONAL_ID_PREFIX": "stage1"})
+    assert settings.transactional_id("in-b", 0) == "stage1.in-b.0"
+
+
+def test_consumer_reads_committed_and_never_auto_commits() -> None:
+    config = consumer_config(load_settings({**BASE, "TXSTAGE_KAFKA__FETCH_MAX_BYTES": "1024"}))
+    assert config["isolation.level"] == "read_committed"
+    assert config["enable.auto.commit"] is False
+    assert config["enable.auto.offset.store"] is False
+    assert config["partition.assignment.strategy"] == "cooperative-sticky"
+    assert config["fetch.max.bytes"] == "1024"
+
+
+def test_producer_is_idempotent_and_pinned() -> None:
+    settings = load_settings({**BASE, "TXSTAGE_PRODUCER__LINGER_MS": "20"})
+    config = producer_config(settings, "grp.in-a.0")
+    assert config["enable.idempotence"] is True
+    assert config["transactional.id"] == "grp.in-a.0"
+    assert config["transaction.timeout.ms"] == settings.transaction_timeout_ms
+    assert config["linger.ms"] == "20"
+    assert "transactional.id" not in producer_config(settings, None)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fragment"),
+    [
+        ("TXSTAGE_KAFKA__ISOLATION_LEVEL", "read_uncommitted", "isolation.level cannot be set"),
+        ("TXSTAGE_CONSUMER__ENABLE_AUTO_COMMIT", "true", "enable.auto.commit cannot be set"),
+        ("TXSTAGE_PRODUCER__TRANSACTIONAL_ID", "x", "transactional.id cannot be set"),
+        ("TXSTAGE_COMMIT_INTERVAL_MS", "0", "TXSTAGE_COMMIT_INTERVAL_MS"),
+        ("TXSTAGE_COMMIT_INTERVAL_MS", "30000", "at most a tenth of TXSTAGE_TRANSACTION_TIMEOUT"),
+        ("TXSTAGE_GUARANTEE", "maybe_once", "TXSTAGE_GUARANTEE"),
+        ("TXSTAGE_OUTPUT_TOPIC", "in-a", "must not be one of the input topics"),
+    ],
+)
+def test_bad_settings_are_named(name: str, value: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings({**BASE, name: value})
+    assert any(fragment in problem for problem in caught.value.problems), caught.value.problems
+
+
+def test_every_problem_gets_its_own_line() -> None:
+    env = {k: v for k, v in BASE.items() if k != "TXSTAGE_BOOTSTRAP_SERVERS"}
+    with pytest.raises(ConfigError) as caught:
+        load_settings({**env, "TXSTAGE_INPUT_TOPICS": "", "TXSTAGE_KAFKA__GROUP_ID": "x"})
+    problems = caught.value.problems
+    assert any(p.startswith("TXSTAGE_BOOTSTRAP_SERVERS") for p in problems)
+    assert any(p.startswith("TXSTAGE_INPUT_TOPICS") for p in problems)
+    assert len(problems) >= 2
+
+
+def test_passthrough_secrets_are_not_shown() -> None:
+    settings = load_settings({**BASE, "TXSTAGE_KAFKA__SASL_PASSWORD": "hunter2"})
+    assert "hunter2" not in repr(settings)
+    assert producer_config(settings, None)["sasl.password"] == "hunter2"
