@@ -14,12 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import structlog
+from confluent_kafka import Producer
 
 from service.errors import KafkaOperationError
 from service.kafka_config import producer_config
 from service.logs import error_cb, librdkafka_logger
 from service.metrics import Metrics
-from service.producer import PinnedProducer
+from service.producer import DeliveryLatch, PinnedProducer, SharedWriter
 from service.settings import Settings
 from service.task import OpenTransaction, PartitionTask
 
@@ -48,6 +49,14 @@ class ProducerPool:
         # whole transaction timeout plus a margin before calling it fatal.
         self._deadline_s = settings.transaction_timeout_ms / 1000 + 30
         self._logger = librdkafka_logger("producer")
+        self.deliveries = DeliveryLatch()
+        self.shared: Producer | None = None
+        if not settings.exactly_once:
+            self.shared = Producer({
+                **producer_config(settings, None), "logger": self._logger,
+                "error_cb": error_cb("producer"), "delivery.report.only.error": True,
+                "on_delivery": self.deliveries,
+            })
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -76,6 +85,8 @@ class ProducerPool:
 
     def _create(self, key: TopicPartitionKey) -> PartitionTask | BaseException:
         topic, partition = key
+        if self.shared is not None:
+            return PartitionTask(topic, partition, SharedWriter(self.shared, topic, partition))
         tid = self._settings.transactional_id(topic, partition)
         started = time.monotonic()
         try:
@@ -136,3 +147,5 @@ class ProducerPool:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+        if self.shared is not None:
+            self.shared.flush(self._deadline_s)

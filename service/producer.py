@@ -52,6 +52,18 @@ class DeliveryLatch:
             return error
 
 
+def produce(producer: Producer, out: Produced, where: Where) -> None:
+    """Queue one output; wait (serving callbacks) while the local queue is full."""
+    while True:
+        try:
+            with translated(where):
+                producer.produce(out.topic, out.value, out.key,
+                                 headers=out.headers)  # type: ignore[arg-type]
+            return
+        except BufferError:
+            producer.poll(_QUEUE_FULL_WAIT_S)
+
+
 class PinnedProducer:
     """A transactional producer pinned to one input partition."""
 
@@ -94,14 +106,7 @@ class PinnedProducer:
 
     def produce(self, out: Produced, offset: int) -> None:
         """Queue one output; waits (serving callbacks) while the local queue is full."""
-        while True:
-            try:
-                with translated(self._where("produce", offset)):
-                    self._producer.produce(out.topic, out.value, out.key,
-                                           headers=out.headers)  # type: ignore[arg-type]
-                return
-            except BufferError:
-                self._producer.poll(_QUEUE_FULL_WAIT_S)
+        produce(self._producer, out, self._where("produce", offset))
 
     def send_offsets(self, next_offset: int, group_metadata: object) -> None:
         offsets = [TopicPartition(self.topic, self.partition, next_offset)]
@@ -136,3 +141,28 @@ class PinnedProducer:
         error = self.deliveries.take()
         if error is not None:
             raise classify(error)(self._where("delivery"), error)
+
+
+class SharedWriter:
+    """At-least-once mode: one partition's view of the replica's single idempotent
+    producer. No transactions: ``begin``/``abort`` do nothing (sent outputs cannot
+    be recalled), and the stage commits consumer offsets once outputs are delivered."""
+
+    transactional_id = ""
+
+    def __init__(self, producer: Producer, topic: str, partition: int) -> None:
+        self._producer = producer
+        self.topic, self.partition = topic, partition
+        self.closed = False
+
+    def begin(self) -> None:
+        pass
+
+    def produce(self, out: Produced, offset: int) -> None:
+        produce(self._producer, out, Where("produce", None, self.topic, self.partition, offset))
+
+    def abort(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import cast
 
 import structlog
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from service.errors import (
     AbortableError,
@@ -150,9 +150,41 @@ class Stage:
                and (t.commit_now or t.due(now, interval, limit))]
         if not due:
             return
+        if self.pool.shared is not None:
+            self._commit_delivered(due, self.pool.shared)
+            return
         group_metadata = self.consumer.consumer_group_metadata()
         for outcome in self.pool.commit(due, group_metadata):
             self._after_commit(outcome)
+
+    def _commit_delivered(self, due: list[PartitionTask], producer: Producer) -> None:
+        """At-least-once: wait for delivery, then commit consumer offsets. On a
+        failed delivery rewind instead, and the outputs are sent again."""
+        if not due:
+            return
+        started = time.monotonic()
+        undelivered = producer.flush(self.settings.transaction_timeout_ms / 1000)
+        error = self.pool.deliveries.take()
+        if error is not None or undelivered:
+            self.metrics.aborted.labels(reason="abortable_error").inc(len(due))
+            log.warning("delivery.failed", undelivered=undelivered,
+                        error=error.str() if error else "flush timed out")
+            for task in due:
+                first = task.forget()
+                if first is not None:
+                    self._rewind(task, first)
+            return
+        batches = [task.delivered() for task in due]
+        offsets = [TopicPartition(t.topic, t.partition, b.next_offset)
+                   for t, b in zip(due, batches, strict=True)]
+        with translated(Where("commit_offsets")):
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        seconds = time.monotonic() - started
+        for batch in batches:
+            self.metrics.commit_seconds.observe(seconds)
+            self.metrics.committed.inc()
+            self.metrics.records_per_transaction.observe(batch.records)
+        self.metrics.last_commit.set_to_current_time()
 
     def _after_commit(self, outcome: CommitOutcome) -> None:
         task, txn, error = outcome.task, outcome.committed, outcome.error
@@ -279,7 +311,7 @@ class Stage:
         try:
             self.pool.open(keys)
         except BaseException as exc:
-            self._recorded.append(exc)
+            self._record(exc, "rebalance")
         ready = [tp for tp in partitions if self.pool.get((tp.topic, tp.partition))]
         consumer.incremental_assign(ready)
         seconds = time.monotonic() - started
@@ -299,13 +331,16 @@ class Stage:
         keys = [(tp.topic, tp.partition) for tp in partitions]
         self.metrics.rebalances.labels(kind=kind).inc()
         try:
+            if self.pool.shared is not None and kind == "revoked" and not self._dirty:
+                owned = [self.pool.get(key) for key in keys]
+                self._commit_delivered([t for t in owned if t and t.txn], self.pool.shared)
             if kind == "revoked" and not self._dirty:
                 group_metadata = consumer.consumer_group_metadata()
                 self.pool.close(keys, lambda t: self._finish(t, group_metadata, "revoked"))
             else:
                 self.pool.close(keys, lambda t: self._finish(t, None, kind))
         except BaseException as exc:
-            self._recorded.append(exc)
+            self._record(exc, "rebalance")
         for topic, partition in keys:
             self._forget_gauges(topic, partition)
         self.health.partitions(len(self.pool), len(self.pool))
@@ -349,6 +384,11 @@ class Stage:
         if error.fatal():
             raise FatalError(Where("consume"), error)
         log.warning("kafka.consume_error", code=error.name(), error=error.str())
+
+    def _record(self, exc: BaseException, where: str) -> None:
+        """Keep an error from a callback for the loop thread to raise."""
+        log.error("callback.failed", where=where, error=str(exc), error_class=type(exc).__name__)
+        self._recorded.append(exc)
 
     def _raise_recorded(self) -> None:
         if self._recorded:

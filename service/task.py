@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from service import transaction
 from service.processing import Produced
 from service.producer import PinnedProducer
+
+
+class Writer(Protocol):
+    """What a task writes through: a PinnedProducer, or in at-least-once mode a
+    SharedWriter."""
+
+    transactional_id: str
+    closed: bool
+
+    def begin(self) -> None: ...
+    def produce(self, out: Produced, offset: int) -> None: ...
+    def abort(self) -> None: ...
+    def close(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -25,7 +39,7 @@ class PartitionTask:
     ``commit``, which a pool thread may run while the loop thread waits.
     """
 
-    def __init__(self, topic: str, partition: int, producer: PinnedProducer) -> None:
+    def __init__(self, topic: str, partition: int, producer: Writer) -> None:
         self.topic, self.partition = topic, partition
         self.producer = producer
         self.txn: OpenTransaction | None = None
@@ -65,6 +79,7 @@ class PartitionTask:
         """Commit the open transaction; returns what it held. See transaction.commit."""
         txn = self.txn
         assert txn is not None, "commit without an open transaction"
+        assert isinstance(self.producer, PinnedProducer), "only pinned producers commit"
         transaction.commit(self.producer, txn.next_offset, group_metadata)
         self.txn = None
         return txn
@@ -76,6 +91,12 @@ class PartitionTask:
             return None
         self.producer.abort()
         return txn.first_offset
+
+    def delivered(self) -> OpenTransaction:
+        """At-least-once: the outputs are delivered; close the batch, return it."""
+        txn, self.txn = self.txn, None
+        assert txn is not None, "no open batch"
+        return txn
 
     def forget(self) -> int | None:
         """Drop the open transaction without touching the (fenced or dead) producer."""
