@@ -76,7 +76,7 @@ def _render(fmt: LogFormat) -> list[Processor]:
     if fmt == "json":
         return [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
     if fmt == "console":
-        return [structlog.dev.ConsoleRenderer()]
+        return [structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty())]
     raise ValueError(f"log format must be 'json' or 'console', got {fmt!r}")
 
 

@@ -41,6 +41,9 @@ log = structlog.get_logger(__name__)
 
 _HOUSEKEEPING_EVERY_S = 1.0
 _MAX_BACKOFF_S = 30.0
+# A failed delivery often costs two aborts (the failure, then librdkafka's
+# epoch bump), so allow several before deciding the input itself is the cause.
+_MAX_ABORT_STREAK = 10
 
 
 class Stage:
@@ -216,11 +219,16 @@ class Stage:
             self._fenced(task, exc)
             return
         self.metrics.aborted.labels(reason=reason).inc()
+        task.abort_streak += 1
         log.warning("transaction.aborted", topic=task.topic, partition=task.partition,
-                    transactional_id=task.transactional_id, reason=reason,
-                    rewind_to=first, error=str(cause))
+                    transactional_id=task.transactional_id, reason=reason, rewind_to=first,
+                    streak=task.abort_streak, error=str(cause))
+        if task.abort_streak >= _MAX_ABORT_STREAK:
+            raise cause  # the same input keeps failing: let the orchestrator see it
         if first is not None:
             self._rewind(task, first)
+        if task.abort_streak > 1:  # the first retry is immediate; later ones back off
+            self._back_off(task, task.abort_streak - 1)
 
     def _fenced(self, task: PartitionTask, error: KafkaOperationError) -> None:
         """Another producer owns this transactional.id now: never publish under it again."""
@@ -252,8 +260,11 @@ class Stage:
         # prefix: commit it now and retry from the poison record itself.
         task.commit_now = task.txn is not None
         self._rewind(task, exc.offset)
-        backoff = min(self.settings.retry_backoff_ms / 1000 * 2 ** (task.poison_attempts - 1),
-                      _MAX_BACKOFF_S)
+        self._back_off(task, task.poison_attempts)
+
+    def _back_off(self, task: PartitionTask, attempt: int) -> None:
+        """Pause the partition for an exponential backoff; housekeeping resumes it."""
+        backoff = min(self.settings.retry_backoff_ms / 1000 * 2 ** (attempt - 1), _MAX_BACKOFF_S)
         task.resume_at = time.monotonic() + backoff
         self.consumer.pause([TopicPartition(task.topic, task.partition)])
 
@@ -359,6 +370,12 @@ class Stage:
                         transactional_id=task.transactional_id, error=str(outcome.error))
         try:
             first = task.abort()
+        except FencedError as exc:
+            self.metrics.producers_fenced.inc()
+            self.metrics.aborted.labels(reason="fenced").inc()
+            log.warning("producer.fenced", topic=task.topic, partition=task.partition,
+                        transactional_id=task.transactional_id, error=str(exc))
+            return
         except KafkaOperationError as exc:  # closing anyway: the next owner aborts it
             log.warning("transaction.abort_failed", transactional_id=task.transactional_id,
                         error=str(exc))

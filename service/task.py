@@ -46,6 +46,7 @@ class PartitionTask:
         self.position: int | None = None  # next input offset to process
         self.poison_offset: int | None = None  # the record the transform keeps failing on
         self.poison_attempts = 0       # failed attempts at poison_offset
+        self.abort_streak = 0          # aborts since the last commit
         self.commit_now = False        # commit at the end of this batch, due or not
         self.discard_batch = False     # rewound: drop the rest of this consume batch
         self.fenced_at: float | None = None  # monotonic time the producer was fenced
@@ -82,6 +83,7 @@ class PartitionTask:
         assert isinstance(self.producer, PinnedProducer), "only pinned producers commit"
         transaction.commit(self.producer, txn.next_offset, group_metadata)
         self.txn = None
+        self.abort_streak = 0
         return txn
 
     def abort(self) -> int | None:

@@ -1,0 +1,131 @@
+"""Replicas of the stage as real OS processes (``python -m service run``), and the
+waiting and input helpers the stage tests share."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from service.verify import committed_offsets, end_offsets
+from tests.harness.kafka import free_ports
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class Replica:
+    """One stage process; its log is JSON lines in ``log_path``."""
+
+    def __init__(self, name: str, env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.port = free_ports(1)[0]
+        self.env = {**os.environ, **env, "TXSTAGE_METRICS_PORT": str(self.port),
+                    "TXSTAGE_METRICS_HOST": "127.0.0.1", "PYTHONUNBUFFERED": "1"}
+        self.log_path = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Replica:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "service", "run"], cwd=REPO_ROOT, env=self.env,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def terminate(self, timeout: float = 60) -> int:
+        """SIGTERM and wait: the exit code."""
+        self.signal(signal.SIGTERM)
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.alive():
+            self.signal(signal.SIGKILL)
+            assert self.proc is not None
+            self.proc.wait(10)
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def ready(self) -> bool:
+        try:
+            return self.get("/readyz")[0] == 200
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        return self.get("/metrics")[1]
+
+    def log_lines(self) -> list[dict[str, object]]:
+        lines = []
+        for raw in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                lines.append(json.loads(raw))
+            except json.JSONDecodeError:
+                lines.append({"event": "<not json>", "raw": raw})
+        return lines
+
+    def events(self, name: str) -> list[dict[str, object]]:
+        return [line for line in self.log_lines() if line.get("event") == name]
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str,
+              on_timeout: Callable[[], str] = lambda: "") -> float:
+    """Poll ``condition`` until true; fail with ``what`` after ``timeout`` seconds."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{on_timeout()}")
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def all_committed(bootstrap: str, group: str, topics: list[str]) -> bool:
+    ends = end_offsets(bootstrap, topics)
+    committed = committed_offsets(bootstrap, group, topics)
+    return all(committed.get(key, -1) >= end for key, end in ends.items())
+
+
+def produce_inputs(bootstrap: str, topic: str, values: Iterable[int], partitions: int,
+                   *, value: Callable[[int], bytes] = lambda i: str(i).encode()) -> int:
+    """Write ``str(i)`` for each i, key ``k<i>``, round-robin over ``partitions``."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                         "linger.ms": 5})
+    count = 0
+    for i in values:
+        while True:
+            try:
+                producer.produce(topic, value(i), f"k{i}".encode(), partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        count += 1
+    assert producer.flush(30) == 0, "inputs not delivered"
+    return count
