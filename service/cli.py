@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 import structlog
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from service.admin import Cluster, OutputLimits
 from service.checks import check_cluster, producer_max_bytes
@@ -70,9 +70,11 @@ def _check(settings: Settings) -> int:
 def _run(settings: Settings) -> int:
     cluster = _validated(settings)
     transform = load_transform(settings.transform)
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: dashboard noise
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     metrics.describe_build(settings.guarantee, settings.group_id)
+    metrics.transaction_timeout.set(settings.transaction_timeout_ms / 1000)
     health = Health(stale_after=settings.health_stale_after_s)
     publish_readiness(health, metrics)
     server = serve(settings.metrics_port, registry, health, host=settings.metrics_host)

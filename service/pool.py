@@ -90,9 +90,9 @@ class ProducerPool:
         tid = self._settings.transactional_id(topic, partition)
         started = time.monotonic()
         try:
-            config = {**producer_config(self._settings, tid), "logger": self._logger,
-                      "error_cb": error_cb(tid)}
-            producer = PinnedProducer(config, topic, partition, deadline_s=self._deadline_s)
+            config = {**producer_config(self._settings, tid), "logger": self._logger}
+            producer = PinnedProducer(config, topic, partition, deadline_s=self._deadline_s,
+                                      on_error=error_cb(tid))
             producer.init()
         except BaseException as exc:  # returned, raised on the loop thread by open()
             log.error("producer.init_failed", transactional_id=tid, error=str(exc))

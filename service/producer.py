@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import structlog
-from confluent_kafka import KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from service.errors import RetriableError, Where, classify, translated
+from service.errors import FatalError, RetriableError, Where, classify, translated
 from service.kafka_config import Config
 from service.processing import Produced
 
@@ -52,13 +53,12 @@ class DeliveryLatch:
             return error
 
 
-def produce(producer: Producer, out: Produced, where: Where) -> None:
+def produce(producer: Producer, out: Produced) -> None:
     """Queue one output; wait (serving callbacks) while the local queue is full."""
     while True:
         try:
-            with translated(where):
-                producer.produce(out.topic, out.value, out.key,
-                                 headers=out.headers)  # type: ignore[arg-type]
+            producer.produce(out.topic, out.value, out.key,
+                             headers=out.headers)  # type: ignore[arg-type]
             return
         except BufferError:
             producer.poll(_QUEUE_FULL_WAIT_S)
@@ -67,27 +67,61 @@ def produce(producer: Producer, out: Produced, where: Where) -> None:
 class PinnedProducer:
     """A transactional producer pinned to one input partition."""
 
-    def __init__(self, config: Config, topic: str, partition: int,
-                 *, deadline_s: float) -> None:
+    def __init__(self, config: Config, topic: str, partition: int, *, deadline_s: float,
+                 on_error: Callable[[KafkaError], None] | None = None) -> None:
         self.transactional_id = str(config["transactional.id"])
         self.topic, self.partition = topic, partition
         self.deadline_s = deadline_s
         self.deliveries = DeliveryLatch()
         self.closed = False
+        self._fatal: KafkaError | None = None
+        self._on_error = on_error
         # "delivery.report.only.error": success reports would cost a Python
         # call per output for nothing; commit_transaction flushes anyway.
         self._producer = Producer({**config, "delivery.report.only.error": True,
-                                   "on_delivery": self.deliveries})
+                                   "on_delivery": self.deliveries,
+                                   "error_cb": self._record_error})
+
+    def _record_error(self, error: KafkaError) -> None:
+        """error_cb (librdkafka's thread or a poll): keep the fatal cause; never raise."""
+        if error.fatal() and self._fatal is None:
+            self._fatal = error
+        if self._on_error is not None:
+            self._on_error(error)
 
     def _where(self, op: str, offset: int | None = None) -> Where:
         return Where(op, self.transactional_id, self.topic, self.partition, offset)
+
+    @contextmanager
+    def _translated(self, op: str, offset: int | None = None) -> Iterator[None]:
+        """errors.translated, plus: once the producer is in a fatal state librdkafka
+        answers every call with a bare _FATAL; name the cause it reported
+        through error_cb instead (typically _FENCED), so callers act on that."""
+        where = self._where(op, offset)
+        try:
+            with translated(where):
+                yield
+        except FatalError as exc:
+            cause = self._fatal_cause() if exc.code == KafkaError._FATAL else None
+            if cause is None:
+                raise
+            raise classify(cause)(where, cause) from exc
+
+    def _fatal_cause(self) -> KafkaError | None:
+        if self._fatal is None:
+            try:  # serves a queued error callback, or raises the fatal error itself
+                self._producer.poll(0)
+            except KafkaException as exc:
+                if exc.args and isinstance(exc.args[0], KafkaError):
+                    self._fatal = exc.args[0]
+        return self._fatal
 
     def _retrying(self, op: str, call: Callable[[], T]) -> T:
         """Run ``call``; retry it while librdkafka says the error is retriable."""
         deadline = time.monotonic() + self.deadline_s
         while True:
             try:
-                with translated(self._where(op)):
+                with self._translated(op):
                     return call()
             except RetriableError as exc:
                 if time.monotonic() >= deadline:
@@ -101,12 +135,13 @@ class PinnedProducer:
         self._retrying("init_transactions", self._producer.init_transactions)
 
     def begin(self) -> None:
-        with translated(self._where("begin_transaction")):
+        with self._translated("begin_transaction"):
             self._producer.begin_transaction()
 
     def produce(self, out: Produced, offset: int) -> None:
         """Queue one output; waits (serving callbacks) while the local queue is full."""
-        produce(self._producer, out, self._where("produce", offset))
+        with self._translated("produce", offset):
+            produce(self._producer, out)
 
     def send_offsets(self, next_offset: int, group_metadata: object) -> None:
         offsets = [TopicPartition(self.topic, self.partition, next_offset)]
@@ -130,7 +165,11 @@ class PinnedProducer:
         """
         if not self.closed:
             self.closed = True
-            self._producer.close()
+            try:
+                self._producer.close()
+            except KafkaException as exc:  # a fenced producer says so again; nothing to do
+                log.debug("producer.closed_after_error", transactional_id=self.transactional_id,
+                          error=str(exc))
 
     def __repr__(self) -> str:
         return f"PinnedProducer({self.transactional_id!r})"
@@ -159,7 +198,8 @@ class SharedWriter:
         pass
 
     def produce(self, out: Produced, offset: int) -> None:
-        produce(self._producer, out, Where("produce", None, self.topic, self.partition, offset))
+        with translated(Where("produce", None, self.topic, self.partition, offset)):
+            produce(self._producer, out)
 
     def abort(self) -> None:
         pass

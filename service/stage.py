@@ -13,7 +13,6 @@ import contextlib
 import time
 from collections import Counter as Tally
 from collections.abc import Callable
-from typing import cast
 
 import structlog
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
@@ -30,10 +29,11 @@ from service.errors import (
 from service.health import Health
 from service.kafka_config import consumer_config
 from service.logs import librdkafka_logger
+from service.messages import to_record
 from service.metrics import Metrics
 from service.pool import CommitOutcome, ProducerPool, TopicPartitionKey
 from service.processing import process
-from service.records import Record, Transform
+from service.records import Transform
 from service.settings import Settings
 from service.task import PartitionTask
 
@@ -109,7 +109,7 @@ class Stage:
             if error is not None:
                 self._on_consume_error(error)
                 continue
-            record = _record(msg)
+            record = to_record(msg)
             task = self.pool.get((record.topic, record.partition))
             if task is None or task.discard_batch or task.fenced_at is not None:
                 continue
@@ -231,13 +231,18 @@ class Stage:
             self._back_off(task, task.abort_streak - 1)
 
     def _fenced(self, task: PartitionTask, error: KafkaOperationError) -> None:
-        """Another producer owns this transactional.id now: never publish under it again."""
+        """Another producer owns this transactional.id now: never publish under it again.
+
+        Either another replica took the partition, or the coordinator aborted a
+        transaction that outlived transaction.timeout.ms (reason ``timed_out``)."""
+        now = time.monotonic()
+        timed_out = task.age(now) >= self.settings.transaction_timeout_ms / 1000
         first = task.forget()
         task.producer.close()
-        task.fenced_at = time.monotonic()
+        task.fenced_at = now
         self.metrics.producers_fenced.inc()
         if first is not None:
-            self.metrics.aborted.labels(reason="fenced").inc()
+            self.metrics.aborted.labels(reason="timed_out" if timed_out else "fenced").inc()
             task.position = first
         task.discard_batch = True
         self.consumer.pause([TopicPartition(task.topic, task.partition)])
@@ -434,14 +439,6 @@ class Stage:
         except Exception as exc:
             log.warning("consumer.close_failed", error=str(exc))
         self.pool.shutdown()
-
-
-def _record(msg: Message) -> Record:
-    """The transform's view of a consumed message (values stay bytes, untouched)."""
-    raw = cast("list[tuple[str, bytes | None]] | None", msg.headers())
-    headers = tuple((name, value or b"") for name, value in raw) if raw else ()
-    return Record(cast(str, msg.topic()), cast(int, msg.partition()), cast(int, msg.offset()),
-                  msg.timestamp()[1], msg.key(), msg.value(), headers)
 
 
 def _names(keys: list[TopicPartitionKey]) -> list[str]:

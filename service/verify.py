@@ -22,10 +22,12 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from service import lineage
+from service.messages import to_record
 from service.processing import Produced, process
 from service.records import Record, Transform
 
@@ -36,22 +38,8 @@ class HangingTransactionError(TimeoutError):
     """read_committed could not reach the end of a partition: a transaction is open (V5)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Consumed:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
-
-    def as_record(self) -> Record:
-        return Record(self.topic, self.partition, self.offset, 0, self.key, self.value,
-                      self.headers)
-
-
 def read_topics(bootstrap: str, topics: Iterable[str], *, isolation: str = "read_committed",
-                timeout_s: float = 60.0) -> list[Consumed]:
+                timeout_s: float = 60.0) -> list[Record]:
     """Every record of ``topics`` from the beginning to the end, in partition order.
 
     Raises HangingTransactionError if read_committed cannot reach a partition's
@@ -79,9 +67,9 @@ def _partitions(consumer: Consumer, topics: Iterable[str]) -> list[TopicPartitio
 
 
 def _read_to_end(consumer: Consumer, partitions: list[TopicPartition],
-                 timeout_s: float) -> list[Consumed]:
+                 timeout_s: float) -> list[Record]:
     consumer.assign(partitions)
-    records: list[Consumed] = []
+    records: list[Record] = []
     reached: dict[Key, int] = {}
     deadline = time.monotonic() + timeout_s
     wanted = {(tp.topic, tp.partition) for tp in partitions}
@@ -103,9 +91,7 @@ def _read_to_end(consumer: Consumer, partitions: list[TopicPartition],
             if error is not None and error.code() == KafkaError._PARTITION_EOF:
                 reached[key] = int(msg.offset() or 0)
             elif error is None:
-                records.append(Consumed(
-                    key[0], key[1], int(msg.offset() or 0), msg.key(), msg.value(),
-                    tuple((n, v or b"") for n, v in msg.headers() or ())))  # type: ignore[misc]
+                records.append(to_record(msg))
 
 
 def committed_offsets(bootstrap: str, group_id: str, topics: Iterable[str]) -> dict[Key, int]:
@@ -140,7 +126,8 @@ class Report:
     behind: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def problems(self) -> list[str]:
-        checks = [("V1 duplicated outputs", self.duplicates), ("V2 missing outputs", self.missing),
+        checks: list[tuple[str, list[Any]]] = [
+                  ("V1 duplicated outputs", self.duplicates), ("V2 missing outputs", self.missing),
                   ("V2 committed offsets behind the input end", list(self.behind.items())),
                   ("V3 out of order", self.out_of_order),
                   ("V4 unexpected outputs", self.unexpected),
@@ -169,10 +156,10 @@ def _unlimited(topic: str) -> int:
     return 1 << 62
 
 
-def compare(outputs: Iterable[Consumed], expected: dict[Key, Produced]) -> Report:
+def compare(outputs: Iterable[Record], expected: dict[Key, Produced]) -> Report:
     """V1, V2 (outputs), V3, V4 and content, from outputs read read_committed."""
     report = Report(expected=len(expected))
-    seen: dict[Key, Consumed] = {}
+    seen: dict[Key, Record] = {}
     last: dict[tuple[str, int, str, int], int] = defaultdict(lambda: -1)
     for out in outputs:
         report.found += 1
@@ -202,7 +189,7 @@ def verify(bootstrap: str, *, input_topics: list[str], output_topics: list[str],
            group_id: str, transform: Transform, default_topic: str, dlq_topic: str | None = None,
            timeout_s: float = 60.0, since: Callable[[Record], bool] | None = None) -> Report:
     """Read inputs and outputs read_committed, and check V1-V5 against ``transform``."""
-    inputs = [c.as_record() for c in read_topics(bootstrap, input_topics, timeout_s=timeout_s)]
+    inputs = read_topics(bootstrap, input_topics, timeout_s=timeout_s)
     if since is not None:
         inputs = [r for r in inputs if since(r)]
     expected = expected_outputs(inputs, transform, default_topic=default_topic,

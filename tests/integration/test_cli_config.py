@@ -1,0 +1,89 @@
+"""Bad settings and bad transforms exit 2 naming the problem, before any record is
+touched; a poison record without a dead-letter topic fails the replica (exit 3)
+after bounded retries, with the record's coordinates in the log."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from service.verify import committed_offsets
+from tests.integration.conftest import PARTITIONS, StageSetup
+from tests.integration.replicas import REPO_ROOT, produce_inputs
+
+pytestmark = pytest.mark.kafka
+
+
+def txstage(command: str, env: dict[str, str],
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TXSTAGE_")}
+    return subprocess.run([sys.executable, "-m", "service", command], cwd=REPO_ROOT,
+                          env={**clean, **env, "TXSTAGE_METRICS_PORT": "0"},
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_check_config_accepts_a_good_setup(stage: StageSetup) -> None:
+    result = txstage("check-config", stage.env)
+    assert result.returncode == 0, result.stderr
+    assert "configuration OK" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ({"TXSTAGE_TRANSFORM": "no.such.module:fn"}, "cannot import module 'no.such.module'"),
+        ({"TXSTAGE_TRANSFORM": "service.examples.square:nope"}, "has no attribute 'nope'"),
+        ({"TXSTAGE_INPUT_TOPICS": "no-such-input"},
+         "TXSTAGE_INPUT_TOPICS: topic 'no-such-input' does not exist"),
+        ({"TXSTAGE_DLQ_TOPIC": "no-such-dlq"}, "TXSTAGE_DLQ_TOPIC: topic 'no-such-dlq'"),
+        ({"TXSTAGE_TRANSACTION_TIMEOUT_MS": "3600000"},
+         "above the broker's transaction.max.timeout.ms=900000"),
+        ({"TXSTAGE_KAFKA__ISOLATION_LEVEL": "read_uncommitted"}, "isolation.level cannot be set"),
+        ({"TXSTAGE_CONSUMER__ENABLE_AUTO_COMMIT": "true"}, "enable.auto.commit cannot be set"),
+        ({"TXSTAGE_COMMIT_INTERVAL_MS": "20000"}, "at most a tenth"),
+        ({"TXSTAGE_METRICS_PORT_X": "1", "TXSTAGE_BATCH_SIZE": "lots"}, "TXSTAGE_BATCH_SIZE"),
+    ],
+)
+@pytest.mark.parametrize("command", ["run", "check-config"])
+def test_bad_settings_exit_2_naming_the_problem(stage: StageSetup, command: str,
+                                                override: dict[str, str], fragment: str) -> None:
+    result = txstage(command, {**stage.env, **override})
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert fragment in result.stderr, result.stderr
+    assert committed_offsets(stage.bootstrap, stage.group_id, [stage.input_topic]) == {
+        (stage.input_topic, p): -1001 for p in range(PARTITIONS)}, "nothing may be touched"
+
+
+def test_oversized_producer_limit_for_the_output_topic_exits_2(
+        stage: StageSetup, new_topic: object) -> None:
+    small = new_topic(1, {"max.message.bytes": "10000"}, prefix="small")  # type: ignore[operator]
+    result = txstage("check-config", {**stage.env, "TXSTAGE_OUTPUT_TOPIC": small})
+    assert result.returncode == 2
+    assert f"exceeds topic '{small}' max.message.bytes=10000" in result.stderr
+
+
+def test_missing_required_settings_are_listed_one_per_line() -> None:
+    result = txstage("run", {"TXSTAGE_GROUP_ID": "g"})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    for name in ("BOOTSTRAP_SERVERS", "INPUT_TOPICS", "OUTPUT_TOPIC", "TRANSFORM"):
+        assert any(f"TXSTAGE_{name}" in line for line in lines), lines
+
+
+def test_poison_record_without_dlq_fails_after_bounded_retries(stage: StageSetup) -> None:
+    produce_inputs(stage.bootstrap, stage.input_topic, range(400), PARTITIONS,
+                   value=lambda i: b"oops" if i == 203 else str(i).encode())
+    env = {**stage.env, "TXSTAGE_DLQ_TOPIC": "", "TXSTAGE_MAX_RECORD_ATTEMPTS": "3",
+           "TXSTAGE_RETRY_BACKOFF_MS": "50"}
+    result = txstage("run", env, timeout=120)
+    assert result.returncode == 3, result.stdout[-3000:]
+    failed = [line for line in result.stdout.splitlines() if '"stage.failed"' in line]
+    assert failed and '"offset": 25' in failed[0]
+    assert f'"partition": {203 % PARTITIONS}' in failed[0]
+    assert result.stdout.count('"record.poison"') == 3
+    # Every record before the poison one in its partition was committed; nothing after.
+    committed = committed_offsets(stage.bootstrap, stage.group_id, [stage.input_topic])
+    assert committed[(stage.input_topic, 203 % PARTITIONS)] == 203 // PARTITIONS

@@ -1,0 +1,174 @@
+"""What an operator sees, scraped over real HTTP from a replica on a real broker."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.harness.reading import read_committed
+from tests.integration.conftest import PARTITIONS, StageSetup
+from tests.integration.replicas import Replica, all_committed, produce_inputs, wait_for
+
+pytestmark = pytest.mark.kafka
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def samples(replica: Replica) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics, parsed by Prometheus' own text parser ({} if unreachable)."""
+    parsed = {}
+    try:
+        text = replica.metrics()
+    except OSError:
+        return {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            parsed[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return parsed
+
+
+def value(replica: Replica, name: str, **labels: str) -> float:
+    return samples(replica).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_counters_match_what_was_sent_and_read(stage: StageSetup) -> None:
+    replica = stage.replica("a")
+    sent = produce_inputs(stage.bootstrap, stage.input_topic, range(5_000), PARTITIONS,
+                          value=lambda i: b"bad" if i % 1000 == 1 else str(i).encode())
+    wait_for(lambda: all_committed(stage.bootstrap, stage.group_id, [stage.input_topic]), 60,
+             "everything committed", stage.logs)
+    outputs = read_committed(stage.bootstrap, stage.output_topic)
+    letters = read_committed(stage.bootstrap, stage.dlq_topic)
+    scraped = samples(replica)
+
+    def get(name: str, **labels: str) -> float:
+        return scraped.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    assert get("txstage_records_consumed_total") == sent
+    assert get("txstage_records_produced_total", topic=stage.output_topic) == len(outputs)
+    assert get("txstage_records_produced_total", topic=stage.dlq_topic) == len(letters) == 5
+    assert get("txstage_records_dead_lettered_total") == 5
+    committed = get("txstage_transactions_committed_total")
+    assert committed > 0
+    assert get("txstage_transaction_commit_seconds_count") == committed
+    assert get("txstage_records_per_transaction_count") == committed
+    assert get("txstage_records_per_transaction_sum") == sent
+    assert get("txstage_pinned_producers") == PARTITIONS
+    assert get("txstage_rebalances_total", kind="assigned") >= 1
+    assert get("txstage_producer_init_seconds_count") == PARTITIONS
+    assert get("txstage_build_info", version="0.1.0", guarantee="exactly_once",
+               group_id=stage.group_id) == 1
+    wait_for(lambda: value(replica, "txstage_consumer_lag", topic=stage.input_topic,
+                           partition="0") == 0, 10, "lag to read 0")
+    assert replica.terminate() == 0
+
+
+def test_readme_metrics_table_matches_what_is_served(stage: StageSetup) -> None:
+    replica = stage.replica("a")
+    wait_for(replica.ready, 30, "ready", stage.logs)
+    served = {re.sub(r"_total$|_info$", "", family.name)
+              for family in text_string_to_metric_families(replica.metrics())
+              if family.name.startswith("txstage_")}
+    table = README.read_text().split("<!-- metrics:start -->")[1].split("<!-- metrics:end -->")[0]
+    documented = {re.sub(r"_total$|_info$", "", name)
+                  for name in re.findall(r"^\| `(txstage_[a-z_]+)`", table, re.MULTILINE)}
+    assert served == documented
+    assert replica.terminate() == 0
+
+
+def test_injected_abort_moves_the_abortable_error_reason(stage: StageSetup,
+                                                         new_topic: object) -> None:
+    compacted = new_topic(1, {"cleanup.policy": "compact"}, prefix="compact")  # type: ignore[operator]
+    replica = stage.replica("a", TXSTAGE_TRANSFORM=(
+        "tests.integration.transforms:square_with_broker_rejects"),
+        TEST_COMPACTED_TOPIC=compacted)
+    produce_inputs(stage.bootstrap, stage.input_topic, range(200), PARTITIONS)
+    wait_for(lambda: all_committed(stage.bootstrap, stage.group_id, [stage.input_topic]), 60,
+             "everything committed", stage.logs)
+    assert value(replica, "txstage_transactions_aborted_total", reason="abortable_error") >= 4
+    assert value(replica, "txstage_transactions_aborted_total", reason="fenced") == 0
+    assert value(replica, "txstage_kafka_errors_total", op="send_offsets_to_transaction",
+                 action="abort") + value(replica, "txstage_kafka_errors_total",
+                                         op="commit_transaction", action="abort") >= 1
+    assert replica.terminate() == 0
+
+
+def test_fence_moves_the_fenced_reason(stage: StageSetup) -> None:
+    produce_inputs(stage.bootstrap, stage.input_topic, range(2_000), PARTITIONS)
+    zombie = stage.replica("zombie", TXSTAGE_TRANSFORM="tests.integration.transforms:slow_square",
+                           TEST_DELAY_MS="2", TXSTAGE_COMMIT_INTERVAL_MS="3000",
+                           TXSTAGE_COMMIT_MAX_RECORDS="100000")
+    wait_for(lambda: value(zombie, "txstage_oldest_open_transaction_seconds") > 0, 30,
+             "an open transaction", stage.logs)
+    zombie.signal(signal.SIGSTOP)
+    heir = stage.replica("heir")
+    wait_for(lambda: all_committed(stage.bootstrap, stage.group_id, [stage.input_topic]), 60,
+             "the heir to finish", stage.logs)
+    zombie.signal(signal.SIGCONT)
+    wait_for(lambda: value(zombie, "txstage_producers_fenced_total") > 0, 30,
+             "the zombie to count its fence", stage.logs)
+    assert value(zombie, "txstage_transactions_aborted_total", reason="fenced") > 0
+    assert value(heir, "txstage_producers_fenced_total") == 0
+    assert heir.terminate() == 0
+
+
+def test_readyz_turns_ready_only_after_assignment(stage: StageSetup) -> None:
+    replica = stage.replica("a", TXSTAGE_INPUT_TOPICS="placeholder")
+    # No such input topic: the replica never gets past its checks, so never ready.
+    replica.env["TXSTAGE_INPUT_TOPICS"] = stage.input_topic
+    assert replica.proc is not None and replica.proc.wait(30) == 2
+    replica.start()
+    statuses = []
+    wait_for(lambda: statuses.append(_status(replica)) or statuses[-1][0] == 200, 30, "ready",
+             stage.logs)
+    not_ready = [body for code, body in statuses if code == 503]
+    assert all(body["status"] in {"not_joined", "awaiting_assignment",
+                                  "initializing_producers"} for body in not_ready)
+    ready = statuses[-1][1]
+    assert ready["assigned"] == ready["ready"] == PARTITIONS
+    assert replica.terminate() == 0
+
+
+def _status(replica: Replica) -> tuple[int, dict[str, object]]:
+    try:
+        code, body = replica.get("/readyz")
+    except OSError:
+        return 0, {"status": "unreachable"}
+    return code, json.loads(body)
+
+
+def test_healthz_turns_unhealthy_when_the_loop_is_stuck(stage: StageSetup) -> None:
+    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.integration.transforms:stuck_after",
+                            TEST_STUCK_AT="5", TXSTAGE_HEALTH_STALE_AFTER_S="3")
+    wait_for(replica.ready, 30, "ready", stage.logs)
+    assert replica.get("/healthz")[0] == 200
+    produce_inputs(stage.bootstrap, stage.input_topic, range(100), PARTITIONS)
+    took = wait_for(lambda: replica.get("/healthz")[0] == 503, 15, "/healthz to fail")
+    assert json.loads(replica.get("/healthz")[1])["status"] == "stale"
+    assert took < 10
+
+
+def test_logs_are_json_lines_bound_to_partition_and_transactional_id(stage: StageSetup) -> None:
+    replica = stage.replica("a")
+    produce_inputs(stage.bootstrap, stage.input_topic, range(50), PARTITIONS,
+                   value=lambda i: b"bad" if i == 9 else str(i).encode())
+    wait_for(lambda: all_committed(stage.bootstrap, stage.group_id, [stage.input_topic]), 60,
+             "everything committed", stage.logs)
+    assert replica.terminate() == 0
+    lines = replica.log_path.read_text().splitlines()
+    parsed = [json.loads(line) for line in lines]  # every line is JSON, or this raises
+    assert all({"event", "level", "timestamp"} <= line.keys() for line in parsed)
+    ready = [line for line in parsed if line["event"] == "producer.ready"]
+    assert len(ready) == PARTITIONS
+    assert all(line["transactional_id"] == f"{stage.group_id}.{stage.input_topic}."
+               f"{line['partition']}" for line in ready)
+    (letter,) = [line for line in parsed if line["event"] == "record.dead_lettered"]
+    assert (letter["partition"], letter["offset"]) == (9 % PARTITIONS, 9 // PARTITIONS)
+    assert not [line for line in parsed if line["level"] == "info"
+                and "offset" in line and line["event"] != "record.dead_lettered"], \
+        "no per-record lines at INFO"
