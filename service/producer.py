@@ -17,7 +17,14 @@ from typing import TypeVar
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from service.errors import FatalError, RetriableError, Where, classify, translated
+from service.errors import (
+    AbortableError,
+    FatalError,
+    RetriableError,
+    Where,
+    classify,
+    translated,
+)
 from service.kafka_config import Config
 from service.processing import Produced
 
@@ -94,14 +101,21 @@ class PinnedProducer:
 
     @contextmanager
     def _translated(self, op: str, offset: int | None = None) -> Iterator[None]:
-        """errors.translated, plus: once the producer is in a fatal state librdkafka
-        answers every call with a bare _FATAL; name the cause it reported
-        through error_cb instead (typically _FENCED), so callers act on that."""
+        """errors.translated, plus two librdkafka states that hide their cause:
+
+        - once the producer is in a fatal state every call fails with a bare
+          _FATAL; the cause (typically _FENCED) came through error_cb, use it;
+        - once a delivery failed in the background the transaction is in an
+          abortable state and ``produce`` fails with _STATE, unflagged: that is
+          abortable (if the state is worse, the abort that follows says so).
+        """
         where = self._where(op, offset)
         try:
             with translated(where):
                 yield
         except FatalError as exc:
+            if exc.code == KafkaError._STATE and op == "produce":
+                raise AbortableError(where, exc.error) from exc
             cause = self._fatal_cause() if exc.code == KafkaError._FATAL else None
             if cause is None:
                 raise

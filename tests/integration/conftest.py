@@ -11,6 +11,7 @@ import pytest
 from service.examples.square import square
 from service.records import Transform
 from service.verify import Report, verify
+from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaService
 from tests.integration.replicas import Replica
 
@@ -49,25 +50,19 @@ class StageSetup:
                          for r in self.started)
 
 
-@pytest.fixture
-def stage(kafka: KafkaService, new_topic: Callable[..., str], group_id: str,
-          tmp_path: Path) -> Iterator[StageSetup]:
-    """A fresh input (8 partitions), output and DLQ topic, and a factory for replicas.
-
-    Every replica is SIGKILLed at teardown if still running; logs are printed
-    (pytest shows them when the test fails).
-    """
+def build_stage(bootstrap: str, unique_name: Callable[[str], str], log_dir: Path) -> StageSetup:
+    """Fresh topics (input with 8 partitions, output, DLQ), a group, base settings."""
     setup = StageSetup(
-        bootstrap=kafka.bootstrap,
-        input_topic=new_topic(PARTITIONS, prefix="in"),
-        output_topic=new_topic(4, prefix="out"),
-        dlq_topic=new_topic(1, prefix="dlq"),
-        group_id=group_id,
-        log_dir=tmp_path,
+        bootstrap=bootstrap,
+        input_topic=create_topic(bootstrap, unique_name("in"), partitions=PARTITIONS),
+        output_topic=create_topic(bootstrap, unique_name("out"), partitions=4),
+        dlq_topic=create_topic(bootstrap, unique_name("dlq"), partitions=1),
+        group_id=unique_name("group"),
+        log_dir=log_dir,
     )
     setup.env = {
-        "TXSTAGE_BOOTSTRAP_SERVERS": kafka.bootstrap,
-        "TXSTAGE_GROUP_ID": group_id,
+        "TXSTAGE_BOOTSTRAP_SERVERS": bootstrap,
+        "TXSTAGE_GROUP_ID": setup.group_id,
         "TXSTAGE_INPUT_TOPICS": setup.input_topic,
         "TXSTAGE_OUTPUT_TOPIC": setup.output_topic,
         "TXSTAGE_DLQ_TOPIC": setup.dlq_topic,
@@ -78,7 +73,37 @@ def stage(kafka: KafkaService, new_topic: Callable[..., str], group_id: str,
         "TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS": "6000",
         "TXSTAGE_CONSUMER__HEARTBEAT_INTERVAL_MS": "500",
     }
-    yield setup
+    return setup
+
+
+def _tear_down(setup: StageSetup) -> None:
     for replica in setup.started:
         replica.kill()
-    print(setup.logs())
+    print(setup.logs())  # pytest shows it when the test failed
+
+
+@pytest.fixture
+def stage(kafka: KafkaService, unique_name: Callable[[str], str],
+          tmp_path: Path) -> Iterator[StageSetup]:
+    """A stage on the session broker: fresh topics and a factory for replicas.
+
+    Every replica is SIGKILLed at teardown if still running.
+    """
+    setup = build_stage(kafka.bootstrap, unique_name, tmp_path)
+    yield setup
+    _tear_down(setup)
+
+
+@pytest.fixture
+def stage_on(unique_name: Callable[[str], str],
+             tmp_path: Path) -> Iterator[Callable[[KafkaService], StageSetup]]:
+    """``stage_on(cluster)``: the same, on a cluster of the test's own (to kill its brokers)."""
+    setups: list[StageSetup] = []
+
+    def make(cluster: KafkaService) -> StageSetup:
+        setups.append(build_stage(cluster.bootstrap, unique_name, tmp_path))
+        return setups[-1]
+
+    yield make
+    for setup in setups:
+        _tear_down(setup)

@@ -37,3 +37,14 @@ def stuck_after(record: Record) -> Iterator[Output]:
     if record.offset >= int(os.environ.get("TEST_STUCK_AT", "10")):
         time.sleep(3600)
     yield from square(record)
+
+
+def stall_once(record: Record) -> Iterator[Output]:
+    """Square; at offset ``TEST_STALL_AT`` of each partition, sleep ``TEST_STALL_S`` once
+    (first attempt only): a transform stuck past a time-out, then recovered."""
+    coordinates = (record.topic, record.partition, record.offset)
+    if record.offset == int(os.environ.get("TEST_STALL_AT", "5")) and \
+            record.partition == 0 and coordinates not in _failed_once:
+        _failed_once.add(coordinates)
+        time.sleep(float(os.environ.get("TEST_STALL_S", "5")))
+    yield from square(record)

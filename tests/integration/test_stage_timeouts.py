@@ -1,0 +1,98 @@
+"""Stalls and broker faults: the transaction or the poll interval times out, the
+broker dies and comes back; output stays exactly once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from tests.integration.conftest import PARTITIONS, StageSetup
+from tests.integration.replicas import all_committed, produce_inputs, wait_for
+from tests.integration.test_stage_exactly_once import assert_exactly_once, wait_all_committed
+
+pytestmark = pytest.mark.kafka
+
+
+def test_transform_stalling_past_the_transaction_timeout_is_recovered(stage: StageSetup) -> None:
+    # The coordinator aborts the stalled transaction after 2 s and bumps the epoch;
+    # the replica finds its producer fenced, waits a session time-out to be sure it
+    # still owns the partition, then takes it over with a new producer.
+    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.integration.transforms:stall_once",
+                            TEST_STALL_AT="5", TEST_STALL_S="6",
+                            TXSTAGE_TRANSACTION_TIMEOUT_MS="2000",
+                            TXSTAGE_COMMIT_INTERVAL_MS="100")
+    produce_inputs(stage.bootstrap, stage.input_topic, range(2_000), PARTITIONS)
+    wait_all_committed(stage, timeout=120)
+    assert_exactly_once(stage)
+    fenced = replica.events("producer.fenced")
+    assert fenced and fenced[0]["partition"] == 0
+    assert replica.events("producer.reclaimed"), "the partition must resume with a new producer"
+    assert replica.terminate() == 0
+
+
+def test_transform_stalling_past_max_poll_interval_loses_and_aborts(stage: StageSetup) -> None:
+    # 6 s in the transform > max.poll.interval.ms = 3 s: librdkafka leaves the group;
+    # the replica must abort (never commit) what it had open, rejoin and finish.
+    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.integration.transforms:stall_once",
+                            TEST_STALL_AT="5", TEST_STALL_S="6",
+                            TXSTAGE_CONSUMER__MAX_POLL_INTERVAL_MS="3000",
+                            TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS="2000")
+    produce_inputs(stage.bootstrap, stage.input_topic, range(2_000), PARTITIONS)
+    wait_all_committed(stage, timeout=120)
+    assert_exactly_once(stage)
+    assert replica.events("partitions.lost"), "the stall must have cost the assignment"
+    assert replica.terminate() == 0
+
+
+def test_broker_sigkill_and_restart_under_load(make_cluster: object, stage_on: object) -> None:
+    cluster = make_cluster(1)  # type: ignore[operator]
+    stage: StageSetup = stage_on(cluster)  # type: ignore[operator]
+    first = stage.replica("a")
+    second = stage.replica("b")
+    feeder = threading.Thread(target=produce_inputs, args=(
+        stage.bootstrap, stage.input_topic, range(20_000), PARTITIONS))
+    feeder.start()
+    wait_for(lambda: first.ready() and second.ready(), 60, "replicas ready", stage.logs)
+    time.sleep(1)  # mid-stream
+    cluster.kill(0)
+    time.sleep(3)
+    cluster.restart(0)
+    feeder.join()
+    wait_all_committed(stage, timeout=180)
+    assert_exactly_once(stage)
+    assert first.alive() and second.alive(), "a broker restart is not a reason to exit"
+    assert {first.terminate(), second.terminate()} == {0}
+
+
+def test_second_signal_exits_at_once(stage: StageSetup) -> None:
+    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.integration.transforms:stuck_after",
+                            TEST_STUCK_AT="3")
+    wait_for(replica.ready, 30, "ready", stage.logs)
+    produce_inputs(stage.bootstrap, stage.input_topic, range(100), PARTITIONS)
+    time.sleep(1)  # the transform is now blocked: a first SIGTERM cannot finish
+    replica.signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert replica.alive()
+    started = time.monotonic()
+    replica.signal(signal.SIGTERM)
+    assert replica.proc is not None
+    code = replica.proc.wait(10)
+    assert code == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 5
+
+
+def test_sigterm_commits_open_transactions(stage: StageSetup) -> None:
+    replica = stage.replica("a", TXSTAGE_COMMIT_INTERVAL_MS="5000",
+                            TXSTAGE_COMMIT_MAX_RECORDS="1000000")
+    wait_for(replica.ready, 30, "ready", stage.logs)
+    produce_inputs(stage.bootstrap, stage.input_topic, range(800), PARTITIONS)
+    wait_for(lambda: "txstage_records_consumed_total 800.0" in replica.metrics(), 20,
+             "everything consumed")
+    assert not all_committed(stage.bootstrap, stage.group_id, [stage.input_topic])
+    assert replica.terminate() == 0
+    assert all_committed(stage.bootstrap, stage.group_id, [stage.input_topic]), \
+        "shutdown must commit what was open, not abort it"
+    assert_exactly_once(stage)

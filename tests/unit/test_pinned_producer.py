@@ -1,0 +1,93 @@
+"""PinnedProducer's translation of librdkafka states that hide their cause, without
+a broker: the confluent-kafka Producer is replaced by an autospec'd fake."""
+
+from __future__ import annotations
+
+from unittest.mock import create_autospec, patch
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from service.errors import AbortableError, FatalError, FencedError, RetriableError
+from service.processing import Produced
+from service.producer import PinnedProducer
+
+OUT = Produced("out", b"k", b"v", [])
+
+
+def pinned() -> tuple[PinnedProducer, Producer]:
+    fake = create_autospec(Producer, instance=True)
+    with patch("service.producer.Producer", return_value=fake):
+        producer = PinnedProducer({"transactional.id": "g.in.0"}, "in", 0, deadline_s=0.2)
+    return producer, fake
+
+
+def test_produce_in_an_abortable_transaction_is_abortable() -> None:
+    producer, fake = pinned()
+    fake.produce.side_effect = KafkaException(KafkaError(KafkaError._STATE, "Erroneous state"))
+    with pytest.raises(AbortableError):
+        producer.produce(OUT, 7)
+
+
+def test_bare_fatal_is_resolved_to_the_fence_reported_by_poll() -> None:
+    producer, fake = pinned()
+    fake.produce.side_effect = KafkaException(KafkaError(KafkaError._FATAL, "Fatal error"))
+    fake.poll.side_effect = KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+    with pytest.raises(FencedError) as caught:
+        producer.produce(OUT, 7)
+    assert "in/0@7" in str(caught.value)
+
+
+def test_bare_fatal_is_resolved_to_the_cause_error_cb_recorded() -> None:
+    producer, fake = pinned()
+    producer._record_error(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+    fake.begin_transaction.side_effect = KafkaException(KafkaError(KafkaError._FATAL, "Fatal"))
+    with pytest.raises(FencedError):
+        producer.begin()
+    fake.poll.assert_not_called()
+
+
+def test_fatal_without_a_known_cause_stays_fatal() -> None:
+    producer, fake = pinned()
+    fake.produce.side_effect = KafkaException(KafkaError(KafkaError._FATAL, "Fatal"))
+    with pytest.raises(FatalError):
+        producer.produce(OUT, 7)
+
+
+def test_commit_time_out_is_retried_never_aborted() -> None:
+    producer, fake = pinned()
+    timeout = KafkaException(KafkaError(KafkaError._TIMED_OUT, "slow", retriable=True))
+    fake.commit_transaction.side_effect = [timeout, timeout, None]
+    producer.commit()
+    assert fake.commit_transaction.call_count == 3
+    fake.abort_transaction.assert_not_called()
+
+
+def test_commit_still_timing_out_after_the_deadline_raises_retriable() -> None:
+    producer, fake = pinned()
+    fake.commit_transaction.side_effect = KafkaException(
+        KafkaError(KafkaError._TIMED_OUT, "slow", retriable=True))
+    with pytest.raises(RetriableError):
+        producer.commit()
+    fake.abort_transaction.assert_not_called()
+
+
+def test_send_offsets_is_retried_with_identical_offsets() -> None:
+    producer, fake = pinned()
+    fake.send_offsets_to_transaction.side_effect = [
+        KafkaException(KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, "x", retriable=True)),
+        None]
+    producer.send_offsets(42, "metadata")
+    first, second = fake.send_offsets_to_transaction.call_args_list
+    assert first == second
+    (offsets, metadata), _ = first
+    assert [(tp.topic, tp.partition, tp.offset) for tp in offsets] == [("in", 0, 42)]
+
+
+def test_a_delivery_callback_never_raises_and_the_loop_gets_the_error() -> None:
+    producer, _ = pinned()
+    producer.deliveries(KafkaError(KafkaError.INVALID_RECORD, "bad", txn_requires_abort=True),
+                        None)  # type: ignore[arg-type]
+    with pytest.raises(AbortableError):
+        producer.raise_delivery_failure()
+    producer.raise_delivery_failure()  # taken once
