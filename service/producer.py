@@ -149,6 +149,7 @@ class PinnedProducer:
         self._retrying("init_transactions", self._producer.init_transactions)
 
     def begin(self) -> None:
+        self.deliveries.take()  # a failure of an earlier, aborted transaction is not ours
         with self._translated("begin_transaction"):
             self._producer.begin_transaction()
 
@@ -187,13 +188,6 @@ class PinnedProducer:
 
     def __repr__(self) -> str:
         return f"PinnedProducer({self.transactional_id!r})"
-
-
-    def raise_delivery_failure(self) -> None:
-        """Re-raise, on the caller's thread, what a delivery callback recorded."""
-        error = self.deliveries.take()
-        if error is not None:
-            raise classify(error)(self._where("delivery"), error)
 
 
 class SharedWriter:

@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from service.verify import committed_offsets, end_offsets
 from tests.harness.kafka import free_ports
@@ -108,8 +108,13 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str,
 
 
 def all_committed(bootstrap: str, group: str, topics: list[str]) -> bool:
-    ends = end_offsets(bootstrap, topics)
-    committed = committed_offsets(bootstrap, group, topics)
+    """True once the group's committed offsets reach the end offsets; False while
+    the cluster cannot say (a broker down): callers poll."""
+    try:
+        ends = end_offsets(bootstrap, topics)
+        committed = committed_offsets(bootstrap, group, topics)
+    except KafkaException:
+        return False
     return all(committed.get(key, -1) >= end for key, end in ends.items())
 
 

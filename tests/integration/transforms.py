@@ -48,3 +48,19 @@ def stall_once(record: Record) -> Iterator[Output]:
         _failed_once.add(coordinates)
         time.sleep(float(os.environ.get("TEST_STALL_S", "5")))
     yield from square(record)
+
+
+def big_every_tenth(record: Record) -> Iterator[Output]:
+    """Square, but every tenth record's output is 50 KB: more than the output topic
+    takes. It must be dead-lettered, not produced (an abort loop) nor dropped."""
+    if record.offset % 10 == 3:
+        yield Output(value=b"x" * 50_000, key=record.key)
+    else:
+        yield from square(record)
+
+
+def square_unless_big(record: Record) -> Iterator[Output]:
+    """What the stage must write for big_every_tenth: the big ones become dead letters."""
+    if record.offset % 10 == 3:
+        raise ValueError("too large")
+    yield from square(record)

@@ -8,6 +8,7 @@ from unittest.mock import create_autospec, patch
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from service import transaction
 from service.errors import AbortableError, FatalError, FencedError, RetriableError
 from service.processing import Produced
 from service.producer import PinnedProducer
@@ -80,14 +81,25 @@ def test_send_offsets_is_retried_with_identical_offsets() -> None:
     producer.send_offsets(42, "metadata")
     first, second = fake.send_offsets_to_transaction.call_args_list
     assert first == second
-    (offsets, metadata), _ = first
+    (offsets, _metadata), _ = first
     assert [(tp.topic, tp.partition, tp.offset) for tp in offsets] == [("in", 0, 42)]
 
 
-def test_a_delivery_callback_never_raises_and_the_loop_gets_the_error() -> None:
+def test_failed_commit_keeps_its_own_class_and_names_the_failed_output() -> None:
+    # The delivery report of a refused record has no transaction flags; the commit's
+    # error has them and must decide (abort), not the report (which looks fatal).
+    producer, fake = pinned()
+    producer.deliveries(KafkaError(KafkaError.INVALID_RECORD, "refused"),
+                        None)  # type: ignore[arg-type]  # the callback only records
+    fake.commit_transaction.side_effect = KafkaException(
+        KafkaError(KafkaError.INVALID_RECORD, "must abort", txn_requires_abort=True))
+    with pytest.raises(AbortableError) as caught:
+        transaction.commit(producer, 10, "metadata")
+    assert "first failed output: INVALID_RECORD" in "".join(caught.value.__notes__)
+
+
+def test_a_new_transaction_forgets_failures_of_the_last_one() -> None:
     producer, _ = pinned()
-    producer.deliveries(KafkaError(KafkaError.INVALID_RECORD, "bad", txn_requires_abort=True),
-                        None)  # type: ignore[arg-type]
-    with pytest.raises(AbortableError):
-        producer.raise_delivery_failure()
-    producer.raise_delivery_failure()  # taken once
+    producer.deliveries(KafkaError(KafkaError.INVALID_RECORD, "old"), None)  # type: ignore[arg-type]
+    producer.begin()
+    assert producer.deliveries.take() is None
