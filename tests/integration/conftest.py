@@ -13,9 +13,17 @@ from service.records import Transform
 from service.verify import Report, verify
 from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaService
-from tests.integration.replicas import Replica
+from tests.integration.replicas import Replica, all_committed, wait_for
 
 PARTITIONS = 8
+
+
+def long_transactions(delay_ms: int, commit_interval_ms: int) -> dict[str, str]:
+    """Settings of a replica whose transactions stay open long enough for a fault
+    (kill, pause) to land inside one."""
+    return {"TXSTAGE_TRANSFORM": "tests.integration.transforms:slow_square",
+            "TEST_DELAY_MS": str(delay_ms), "TXSTAGE_COMMIT_INTERVAL_MS": str(commit_interval_ms),
+            "TXSTAGE_COMMIT_MAX_RECORDS": "1000000"}
 
 
 @dataclass
@@ -44,6 +52,20 @@ class StageSetup:
                       group_id=self.group_id, transform=transform,
                       default_topic=self.output_topic, dlq_topic=self.dlq_topic,
                       timeout_s=timeout_s)
+
+    def committed(self) -> bool:
+        """The group's committed offsets reached the input's end."""
+        return all_committed(self.bootstrap, self.group_id, [self.input_topic])
+
+    def wait_committed(self, timeout: float = 90) -> None:
+        wait_for(self.committed, timeout, "the group's committed offsets to reach the input end",
+                 self.logs)
+
+    def assert_exactly_once(self, transform: Transform = square) -> None:
+        """V1-V5 over everything, and something was actually checked."""
+        report = self.verify(transform)
+        assert report.ok, "\n".join(report.problems()) + "\n" + self.logs()
+        assert report.found == report.expected > 0
 
     def logs(self) -> str:
         return "\n".join(f"--- {r.name} (pid {r.proc.pid if r.proc else '?'})\n{r.log_tail()}"

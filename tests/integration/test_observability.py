@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness.reading import read_committed
-from tests.integration.conftest import PARTITIONS, StageSetup
-from tests.integration.replicas import Replica, all_committed, produce_inputs, wait_for
+from tests.integration.conftest import PARTITIONS, StageSetup, long_transactions
+from tests.integration.replicas import Replica, produce_inputs, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -40,8 +40,7 @@ def test_counters_match_what_was_sent_and_read(stage: StageSetup) -> None:
     replica = stage.replica("a")
     sent = produce_inputs(stage.bootstrap, stage.input_topic, range(5_000), PARTITIONS,
                           value=lambda i: b"bad" if i % 1000 == 1 else str(i).encode())
-    wait_for(lambda: all_committed(stage.bootstrap, stage.group_id, [stage.input_topic]), 60,
-             "everything committed", stage.logs)
+    stage.wait_committed(60)
     outputs = read_committed(stage.bootstrap, stage.output_topic)
     letters = read_committed(stage.bootstrap, stage.dlq_topic)
     scraped = samples(replica)
@@ -88,8 +87,7 @@ def test_injected_abort_moves_the_abortable_error_reason(stage: StageSetup,
         "tests.integration.transforms:square_with_broker_rejects"),
         TEST_COMPACTED_TOPIC=compacted)
     produce_inputs(stage.bootstrap, stage.input_topic, range(200), PARTITIONS)
-    wait_for(lambda: all_committed(stage.bootstrap, stage.group_id, [stage.input_topic]), 60,
-             "everything committed", stage.logs)
+    stage.wait_committed(60)
     assert value(replica, "txstage_transactions_aborted_total", reason="abortable_error") >= 4
     assert value(replica, "txstage_transactions_aborted_total", reason="fenced") == 0
     assert value(replica, "txstage_kafka_errors_total", op="send_offsets_to_transaction",
@@ -100,15 +98,12 @@ def test_injected_abort_moves_the_abortable_error_reason(stage: StageSetup,
 
 def test_fence_moves_the_fenced_reason(stage: StageSetup) -> None:
     produce_inputs(stage.bootstrap, stage.input_topic, range(2_000), PARTITIONS)
-    zombie = stage.replica("zombie", TXSTAGE_TRANSFORM="tests.integration.transforms:slow_square",
-                           TEST_DELAY_MS="2", TXSTAGE_COMMIT_INTERVAL_MS="3000",
-                           TXSTAGE_COMMIT_MAX_RECORDS="100000")
+    zombie = stage.replica("zombie", **long_transactions(delay_ms=2, commit_interval_ms=3000))
     wait_for(lambda: value(zombie, "txstage_oldest_open_transaction_seconds") > 0, 30,
              "an open transaction", stage.logs)
     zombie.signal(signal.SIGSTOP)
     heir = stage.replica("heir")
-    wait_for(lambda: all_committed(stage.bootstrap, stage.group_id, [stage.input_topic]), 60,
-             "the heir to finish", stage.logs)
+    stage.wait_committed(60)
     zombie.signal(signal.SIGCONT)
     wait_for(lambda: value(zombie, "txstage_producers_fenced_total") > 0, 30,
              "the zombie to count its fence", stage.logs)
@@ -157,8 +152,7 @@ def test_logs_are_json_lines_bound_to_partition_and_transactional_id(stage: Stag
     replica = stage.replica("a")
     produce_inputs(stage.bootstrap, stage.input_topic, range(50), PARTITIONS,
                    value=lambda i: b"bad" if i == 9 else str(i).encode())
-    wait_for(lambda: all_committed(stage.bootstrap, stage.group_id, [stage.input_topic]), 60,
-             "everything committed", stage.logs)
+    stage.wait_committed(60)
     assert replica.terminate() == 0
     lines = replica.log_path.read_text().splitlines()
     parsed = [json.loads(line) for line in lines]  # every line is JSON, or this raises

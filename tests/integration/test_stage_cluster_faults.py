@@ -12,7 +12,6 @@ from tests.harness.admin import partition_leaders
 from tests.harness.reading import read_committed
 from tests.integration.conftest import PARTITIONS, StageSetup
 from tests.integration.replicas import produce_inputs, wait_for
-from tests.integration.test_stage_exactly_once import wait_all_committed
 from tests.integration.transforms import square_unless_big
 
 pytestmark = pytest.mark.kafka
@@ -26,7 +25,7 @@ def test_oversized_outputs_are_dead_lettered_not_looped_on(stage: StageSetup,
                             TXSTAGE_TRANSFORM="tests.integration.transforms:big_every_tenth",
                             TXSTAGE_PRODUCER__MESSAGE_MAX_BYTES="20000")
     produce_inputs(stage.bootstrap, stage.input_topic, range(800), PARTITIONS)
-    wait_all_committed(stage)
+    stage.wait_committed()
     report = stage.verify(square_unless_big)
     assert report.ok, report.problems()
     letters = read_committed(stage.bootstrap, stage.dlq_topic)
@@ -46,9 +45,7 @@ def test_leader_kill_in_a_three_node_cluster(cluster3: object, stage_on: object)
     leader = partition_leaders(stage.bootstrap, stage.input_topic)[0]
     cluster3.kill(leader)  # type: ignore[attr-defined]
     feeder.join()
-    wait_all_committed(stage, timeout=180)
+    stage.wait_committed(180)
     cluster3.restart(leader)  # type: ignore[attr-defined]
-    from tests.integration.test_stage_exactly_once import assert_exactly_once
-
-    assert_exactly_once(stage)
+    stage.assert_exactly_once()
     assert {first.terminate(), second.terminate()} == {0}

@@ -10,8 +10,7 @@ import time
 import pytest
 
 from tests.integration.conftest import PARTITIONS, StageSetup
-from tests.integration.replicas import all_committed, produce_inputs, wait_for
-from tests.integration.test_stage_exactly_once import assert_exactly_once, wait_all_committed
+from tests.integration.replicas import produce_inputs, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -25,8 +24,8 @@ def test_transform_stalling_past_the_transaction_timeout_is_recovered(stage: Sta
                             TXSTAGE_TRANSACTION_TIMEOUT_MS="2000",
                             TXSTAGE_COMMIT_INTERVAL_MS="100")
     produce_inputs(stage.bootstrap, stage.input_topic, range(2_000), PARTITIONS)
-    wait_all_committed(stage, timeout=120)
-    assert_exactly_once(stage)
+    stage.wait_committed(120)
+    stage.assert_exactly_once()
     fenced = replica.events("producer.fenced")
     assert fenced and fenced[0]["partition"] == 0
     assert replica.events("producer.reclaimed"), "the partition must resume with a new producer"
@@ -41,8 +40,8 @@ def test_transform_stalling_past_max_poll_interval_loses_and_aborts(stage: Stage
                             TXSTAGE_CONSUMER__MAX_POLL_INTERVAL_MS="3000",
                             TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS="2000")
     produce_inputs(stage.bootstrap, stage.input_topic, range(2_000), PARTITIONS)
-    wait_all_committed(stage, timeout=120)
-    assert_exactly_once(stage)
+    stage.wait_committed(120)
+    stage.assert_exactly_once()
     assert replica.events("partitions.lost"), "the stall must have cost the assignment"
     assert replica.terminate() == 0
 
@@ -61,8 +60,8 @@ def test_broker_sigkill_and_restart_under_load(make_cluster: object, stage_on: o
     time.sleep(3)
     cluster.restart(0)
     feeder.join()
-    wait_all_committed(stage, timeout=180)
-    assert_exactly_once(stage)
+    stage.wait_committed(180)
+    stage.assert_exactly_once()
     assert first.alive() and second.alive(), "a broker restart is not a reason to exit"
     assert {first.terminate(), second.terminate()} == {0}
 
@@ -91,8 +90,8 @@ def test_sigterm_commits_open_transactions(stage: StageSetup) -> None:
     produce_inputs(stage.bootstrap, stage.input_topic, range(800), PARTITIONS)
     wait_for(lambda: "txstage_records_consumed_total 800.0" in replica.metrics(), 20,
              "everything consumed")
-    assert not all_committed(stage.bootstrap, stage.group_id, [stage.input_topic])
+    assert not stage.committed()
     assert replica.terminate() == 0
-    assert all_committed(stage.bootstrap, stage.group_id, [stage.input_topic]), \
+    assert stage.committed(), \
         "shutdown must commit what was open, not abort it"
-    assert_exactly_once(stage)
+    stage.assert_exactly_once()
