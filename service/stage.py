@@ -23,6 +23,7 @@ from service.errors import (
     FencedError,
     KafkaOperationError,
     PoisonRecordError,
+    RetriableError,
     Where,
     translated,
 )
@@ -209,6 +210,8 @@ class Stage:
         elif isinstance(error, FencedError):
             self._fenced(task, error)
         else:  # retriable past its deadline, or fatal: nothing safe is left to try
+            if isinstance(error, RetriableError) and error.where.op == "commit_transaction":
+                task.commit_uncertain = True  # it may have committed: never abort it
             raise error
 
     def _abort(self, task: PartitionTask, reason: str, cause: BaseException) -> None:
@@ -246,6 +249,7 @@ class Stage:
             task.position = first
         task.discard_batch = True
         self.consumer.pause([TopicPartition(task.topic, task.partition)])
+        self._report_partitions()
         log.warning("producer.fenced", topic=task.topic, partition=task.partition,
                     transactional_id=task.transactional_id, rewind_to=task.position,
                     error=str(error))
@@ -309,6 +313,7 @@ class Stage:
         if position is not None:
             self._rewind(task, position)
         self.consumer.resume([tp])
+        self._report_partitions()
 
     def _update_lag(self) -> None:
         for task in self.pool:
@@ -333,7 +338,7 @@ class Stage:
         seconds = time.monotonic() - started
         self.metrics.rebalance_seconds.observe(seconds)
         self.health.joined(True)
-        self.health.partitions(len(self.pool), len(self.pool))
+        self._report_partitions()
         log.info("partitions.assigned", partitions=_names(keys), seconds=round(seconds, 4),
                  pinned=len(self.pool))
 
@@ -359,12 +364,15 @@ class Stage:
             self._record(exc, "rebalance")
         for topic, partition in keys:
             self._forget_gauges(topic, partition)
-        self.health.partitions(len(self.pool), len(self.pool))
+        self._report_partitions()
         log.info(f"partitions.{kind}", partitions=_names(keys), pinned=len(self.pool))
 
     def _finish(self, task: PartitionTask, group_metadata: object | None, reason: str) -> None:
-        """Revoked: commit a healthy transaction. Lost, dirty or failed: abort. (Pool thread.)"""
-        if task.txn is None or task.fenced_at is not None:
+        """Revoked: commit a healthy transaction. Lost, dirty or failed: abort. (Pool thread.)
+
+        A transaction whose commit timed out is left alone: it may have committed,
+        and the next owner's init_transactions completes or aborts it correctly."""
+        if task.txn is None or task.fenced_at is not None or task.commit_uncertain:
             return
         if group_metadata is not None:
             outcome = self.pool.commit([task], group_metadata)[0]
@@ -388,6 +396,11 @@ class Stage:
         self.metrics.aborted.labels(reason=reason).inc()
         log.info("transaction.aborted", topic=task.topic, partition=task.partition,
                  transactional_id=task.transactional_id, reason=reason, rewind_to=first)
+
+    def _report_partitions(self) -> None:
+        """Readiness: a partition whose producer was fenced is assigned, not ready."""
+        ready = sum(1 for task in self.pool if task.fenced_at is None)
+        self.health.partitions(len(self.pool), ready)
 
     def _forget_gauges(self, topic: str, partition: int) -> None:
         with contextlib.suppress(KeyError):

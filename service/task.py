@@ -48,6 +48,7 @@ class PartitionTask:
         self.poison_attempts = 0       # failed attempts at poison_offset
         self.abort_streak = 0          # aborts since the last commit
         self.commit_now = False        # commit at the end of this batch, due or not
+        self.commit_uncertain = False  # a commit timed out: it may have succeeded
         self.discard_batch = False     # rewound: drop the rest of this consume batch
         self.fenced_at: float | None = None  # monotonic time the producer was fenced
         self.resume_at: float | None = None  # paused for backoff until then
