@@ -5,6 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: install test unit integration lint kafka-up kafka-down demo bench clean
 
@@ -40,7 +41,7 @@ demo: install
 	$(PY) -m bench.demo
 
 bench: install
-	$(PY) -m bench.throughput
+	$(PY) -m bench.throughput $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

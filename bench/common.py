@@ -1,0 +1,361 @@
+"""Helpers shared by the benchmark and the demo: stage processes, /metrics parsing,
+topics and offsets. Plain functions over a bootstrap string; no test framework."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec
+from confluent_kafka.cimpl import NewTopic
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# librdkafka log level of our helper clients: warnings and worse (not the info lines a
+# client prints when it is destroyed while the broker goes away).
+_QUIET = 4
+
+# --------------------------------------------------------------------------- processes
+
+
+def stage_env(settings: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a child: ours without any TXSTAGE_* (a stray variable in the
+    caller's shell must not change what is measured), plus ``settings``."""
+    base = {k: v for k, v in os.environ.items() if not k.upper().startswith("TXSTAGE_")}
+    return {**base, **settings}
+
+
+class StageProcess:
+    """A child Python process (a stage replica by default) logging to ``log_path``.
+
+    It runs in a session of its own, so a Ctrl-C at the terminal reaches only us (the
+    stage would read a second signal as "exit at once"), and it is SIGKILLed by the
+    kernel if we die without cleaning up (parent-death signal, via ``setpriv``).
+    """
+
+    def __init__(self, name: str, env: Mapping[str, str], log_path: Path, port: int,
+                 argv: Sequence[str] = ("-m", "service", "run")) -> None:
+        self.name = name
+        self.port = port
+        self.log_path = log_path
+        self.argv = [sys.executable, *argv]
+        self.env = dict(env)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stop_requested = False
+
+    def start(self, *, append: bool = False) -> StageProcess:
+        self._stop_requested = False
+        command = list(self.argv)
+        setpriv = shutil.which("setpriv")
+        if setpriv and threading.current_thread() is threading.main_thread():
+            command = [setpriv, "--pdeathsig", "KILL", "--", *command]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab" if append else "wb") as log:
+            self.proc = subprocess.Popen(command, cwd=REPO_ROOT, env=self.env,
+                                         stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not started"
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def get(self, path: str, timeout: float = 2.0) -> tuple[int, str] | None:
+        """``(status, body)`` of an HTTP GET on the replica's port, None if it does not answer."""
+        return http_get(self.port, path, timeout)
+
+    def ready(self) -> bool:
+        answer = self.get("/readyz")
+        return answer is not None and answer[0] == 200
+
+    def metrics(self) -> str:
+        answer = self.get("/metrics")
+        return answer[1] if answer is not None and answer[0] == 200 else ""
+
+    def wait_ready(self, timeout: float, interval: float = 0.05) -> float:
+        """Seconds until /readyz answers 200; raises if the process exits or time runs out."""
+        started = time.monotonic()
+        while not self.ready():
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited with {self.returncode()} before it was "
+                                   f"ready\n{self.log_tail()}")
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(f"{self.name} not ready after {timeout:.0f} s\n"
+                                   f"{self.log_tail()}")
+            time.sleep(interval)
+        return time.monotonic() - started
+
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def request_stop(self) -> None:
+        """Send SIGTERM once: the stage reads a second one as "exit at once, commit nothing"."""
+        if self.proc is not None and self.alive() and not self._stop_requested:
+            self._stop_requested = True
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM once (the stage commits and exits 0), SIGKILL after ``timeout``: the exit
+        code."""
+        if self.proc is None:
+            return 0
+        self.request_stop()
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            self.proc.wait(10)
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path.exists():
+            return f"({self.log_path} does not exist)"
+        text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        return "\n".join([f"--- {self.name}: {self.log_path}", *text])
+
+
+def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, str] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStatus:
+    rss_kb: int
+    threads: int
+
+
+def proc_status(pid: int) -> ProcStatus:
+    """VmRSS and Threads from /proc/<pid>/status."""
+    fields: dict[str, str] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        fields[name] = value.strip()
+    return ProcStatus(int(fields["VmRSS"].split()[0]), int(fields["Threads"]))
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A Prometheus histogram as scraped: cumulative ``(le, count)`` buckets, sum, count."""
+
+    buckets: tuple[tuple[float, float], ...]
+    total: float
+    count: float
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    def quantile(self, q: float) -> float | None:
+        """Like PromQL ``histogram_quantile``: linear within the bucket holding rank q*count,
+        so the answer is only as fine as the buckets (exact at bucket bounds)."""
+        if not self.count:
+            return None
+        rank = q * self.count
+        lower, below = 0.0, 0.0
+        for le, cumulative in self.buckets:
+            if cumulative >= rank:
+                if le == float("inf"):
+                    return lower  # past the last finite bound: all PromQL can say
+                span = cumulative - below
+                return lower + (le - lower) * ((rank - below) / span if span else 1.0)
+            lower, below = le, cumulative
+        return lower
+
+    def minus(self, earlier: Histogram) -> Histogram:
+        """The observations made since ``earlier`` (same buckets)."""
+        old = dict(earlier.buckets)
+        return Histogram(tuple((le, c - old.get(le, 0.0)) for le, c in self.buckets),
+                         self.total - earlier.total, self.count - earlier.count)
+
+
+EMPTY_HISTOGRAM = Histogram((), 0.0, 0.0)
+
+
+def histogram(text: str, name: str) -> Histogram:
+    """The unlabelled histogram ``name`` in a /metrics page (empty if absent)."""
+    for family in text_string_to_metric_families(text):
+        if family.name != name or family.type != "histogram":
+            continue
+        buckets: list[tuple[float, float]] = []
+        total = count = 0.0
+        for sample in family.samples:
+            if sample.name == f"{name}_bucket":
+                buckets.append((float(sample.labels["le"]), float(sample.value)))
+            elif sample.name == f"{name}_sum":
+                total = float(sample.value)
+            elif sample.name == f"{name}_count":
+                count = float(sample.value)
+        return Histogram(tuple(sorted(buckets)), total, count)
+    return EMPTY_HISTOGRAM
+
+
+def metric_value(text: str, name: str) -> float | None:
+    """The sum over all label sets of gauge/counter ``name`` (counters: pass the family
+    name, without ``_total``); None if absent."""
+    for family in text_string_to_metric_families(text):
+        if family.name == name:
+            values = [s.value for s in family.samples
+                      if s.name in (name, f"{name}_total")]
+            return float(sum(values)) if values else None
+    return None
+
+
+# ------------------------------------------------------------------------ topics, offsets
+
+TopicPartitionKey = tuple[str, int]
+
+
+def ensure_topics(bootstrap: str, topics: Mapping[str, int], timeout: float = 30.0) -> list[str]:
+    """Create each ``name: partitions`` that does not exist yet; return those created.
+    Waits until every partition of every topic has a leader."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": _QUIET})
+    existing = admin.list_topics(timeout=timeout).topics
+    new = [NewTopic(name, num_partitions=n, replication_factor=-1)
+           for name, n in topics.items() if name not in existing]
+    created = []
+    if new:
+        for name, future in admin.create_topics(new, request_timeout=timeout).items():
+            try:
+                future.result(timeout + 5)
+                created.append(name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+    _wait_for_leaders(admin, list(topics), timeout)
+    return created
+
+
+def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        metadata = admin.list_topics(timeout=timeout).topics
+        if all(name in metadata and metadata[name].partitions
+               and all(p.leader >= 0 for p in metadata[name].partitions.values())
+               for name in topics):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics {topics} have no leader for every partition")
+        time.sleep(0.1)
+
+
+def partitions_of(bootstrap: str, topic: str, timeout: float = 15.0) -> list[TopicPartitionKey]:
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": _QUIET})
+    metadata = admin.list_topics(topic, timeout=timeout)
+    return [(topic, p) for p in sorted(metadata.topics[topic].partitions)]
+
+
+class OffsetProbe:
+    """Cheap repeated offset queries with long-lived clients: one ListOffsets request for
+    all partitions' end offsets, one OffsetFetch for a group's committed offsets.
+
+    Committed offsets are read without RequireStable: a transaction's offsets count
+    once it has committed, and the probe never waits for one in flight.
+    """
+
+    def __init__(self, bootstrap: str, group_id: str | None = None) -> None:
+        self._admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": _QUIET})
+        self._consumer: Consumer | None = None
+        if group_id is not None:
+            self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id,
+                                       "enable.auto.commit": False,
+                                       "isolation.level": "read_uncommitted"})
+
+    def end_offsets(self, keys: Iterable[TopicPartitionKey], *, committed_only: bool = False,
+                    timeout: float = 10.0) -> dict[TopicPartitionKey, int]:
+        """High watermarks (or last stable offsets with ``committed_only``)."""
+        level = IsolationLevel.READ_COMMITTED if committed_only \
+            else IsolationLevel.READ_UNCOMMITTED
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        request = {TopicPartition(t, p): latest for t, p in keys}
+        deadline = time.monotonic() + timeout
+        while True:
+            futures = self._admin.list_offsets(request, isolation_level=level,
+                                               request_timeout=timeout)
+            try:
+                return {(tp.topic, tp.partition): int(f.result().offset)
+                        for tp, f in futures.items()}
+            except KafkaException as exc:  # a new topic's leaders are still moving in
+                if not _transient(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def committed(self, keys: Iterable[TopicPartitionKey],
+                  timeout: float = 10.0) -> dict[TopicPartitionKey, int]:
+        """The group's committed offsets (negative when none)."""
+        assert self._consumer is not None, "no group given"
+        tps = [TopicPartition(t, p) for t, p in keys]
+        return {(tp.topic, tp.partition): int(tp.offset)
+                for tp in self._consumer.committed(tps, timeout=timeout)}
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+
+    def __enter__(self) -> OffsetProbe:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+_TRANSIENT = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+              KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
+
+
+def _transient(exc: KafkaException) -> bool:
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and (error.retriable() or error.code() in _TRANSIENT)
+
+
+def behind(ends: Mapping[TopicPartitionKey, int],
+           committed: Mapping[TopicPartitionKey, int]) -> int:
+    """Records between the committed offsets and the end offsets, summed."""
+    return sum(max(end - max(committed.get(key, 0), 0), 0) for key, end in ends.items())
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
