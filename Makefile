@@ -23,6 +23,7 @@ lint: install
 
 test: install lint
 	$(PY) -m tests.harness.kafka install
+	$(PY) -m service.backfill jars >/dev/null
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: install

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import structlog
@@ -110,18 +110,14 @@ class ProducerPool:
         return self._tasks[task.key]
 
     def commit(self, tasks: list[PartitionTask], group_metadata: object) -> list[CommitOutcome]:
-        """Commit the open transactions of ``tasks`` in parallel."""
-        def one(task: PartitionTask) -> CommitOutcome:
-            started = time.monotonic()
-            try:
-                txn = task.commit(group_metadata)
-            except KafkaOperationError as exc:
-                return CommitOutcome(task, None, exc, time.monotonic() - started)
-            return CommitOutcome(task, txn, None, time.monotonic() - started)
-
+        """Commit the open transactions of ``tasks`` in parallel, and wait."""
         if len(tasks) == 1:
-            return [one(tasks[0])]
-        return list(self._executor.map(one, tasks))
+            return [_commit_one(tasks[0], group_metadata)]
+        return list(self._executor.map(lambda t: _commit_one(t, group_metadata), tasks))
+
+    def submit_commit(self, task: PartitionTask, group_metadata: object) -> Future[CommitOutcome]:
+        """Start committing ``task``'s transaction on the pool; the loop goes on."""
+        return self._executor.submit(_commit_one, task, group_metadata)
 
     def close(self, keys: Iterable[TopicPartitionKey],
               finish: Callable[[PartitionTask], None]) -> None:
@@ -146,6 +142,16 @@ class ProducerPool:
                         error=str(exc))
 
     def shutdown(self) -> None:
+        """Wait for whatever runs on the pool, then flush the shared producer."""
         self._executor.shutdown(wait=True, cancel_futures=True)
         if self.shared is not None:
             self.shared.flush(self._deadline_s)
+
+
+def _commit_one(task: PartitionTask, group_metadata: object) -> CommitOutcome:
+    started = time.monotonic()
+    try:
+        txn = task.commit(group_metadata)
+    except KafkaOperationError as exc:
+        return CommitOutcome(task, None, exc, time.monotonic() - started)
+    return CommitOutcome(task, txn, None, time.monotonic() - started)

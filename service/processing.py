@@ -98,9 +98,10 @@ def _resolve(
 
 
 def _check_bytes(out: Output) -> None:
-    for name, field in (("key", out.key), ("value", out.value)):
-        if field is not None and not isinstance(field, bytes):
-            raise TypeError(f"Output.{name} must be bytes or None, not {type(field).__name__}")
+    key, value = out.key, out.value
+    if not (key is None or type(key) is bytes) or not (value is None or type(value) is bytes):
+        name, field = ("key", key) if not (key is None or type(key) is bytes) else ("value", value)
+        raise TypeError(f"Output.{name} must be bytes or None, not {type(field).__name__}")
     for header in out.headers:
         if not (isinstance(header, tuple) and len(header) == 2
                 and isinstance(header[0], str) and isinstance(header[1], bytes)):

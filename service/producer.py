@@ -20,9 +20,11 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 from service.errors import (
     AbortableError,
     FatalError,
+    KafkaOperationError,
     RetriableError,
     Where,
     classify,
+    translate,
     translated,
 )
 from service.kafka_config import Config
@@ -101,7 +103,14 @@ class PinnedProducer:
 
     @contextmanager
     def _translated(self, op: str, offset: int | None = None) -> Iterator[None]:
-        """errors.translated, plus two librdkafka states that hide their cause:
+        try:
+            yield
+        except KafkaException as exc:
+            raise self._translate(exc, op, offset) from exc
+
+    def _translate(self, exc: KafkaException, op: str,
+                   offset: int | None = None) -> KafkaOperationError:
+        """errors.translate, plus two librdkafka states that hide their cause:
 
         - once the producer is in a fatal state every call fails with a bare
           _FATAL; the cause (typically _FENCED) came through error_cb, use it;
@@ -110,16 +119,13 @@ class PinnedProducer:
           abortable (if the state is worse, the abort that follows says so).
         """
         where = self._where(op, offset)
-        try:
-            with translated(where):
-                yield
-        except FatalError as exc:
-            if exc.code == KafkaError._STATE and op == "produce":
-                raise AbortableError(where, exc.error) from exc
-            cause = self._fatal_cause() if exc.code == KafkaError._FATAL else None
-            if cause is None:
-                raise
-            raise classify(cause)(where, cause) from exc
+        error = translate(exc, where)
+        if not isinstance(error, FatalError):
+            return error
+        if error.code == KafkaError._STATE and op == "produce":
+            return AbortableError(where, error.error)
+        cause = self._fatal_cause() if error.code == KafkaError._FATAL else None
+        return error if cause is None else classify(cause)(where, cause)
 
     def _fatal_cause(self) -> KafkaError | None:
         if self._fatal is None:
@@ -154,9 +160,18 @@ class PinnedProducer:
             self._producer.begin_transaction()
 
     def produce(self, out: Produced, offset: int) -> None:
-        """Queue one output; waits (serving callbacks) while the local queue is full."""
-        with self._translated("produce", offset):
-            produce(self._producer, out)
+        """Queue one output; waits (serving callbacks) while the local queue is full.
+
+        The hot path (one call per output): a plain try, nothing built unless it fails.
+        """
+        try:
+            self._producer.produce(out.topic, out.value, out.key,
+                                   headers=out.headers)  # type: ignore[arg-type]
+        except BufferError:
+            with self._translated("produce", offset):
+                produce(self._producer, out)
+        except KafkaException as exc:
+            raise self._translate(exc, "produce", offset) from exc
 
     def send_offsets(self, next_offset: int, group_metadata: object) -> None:
         offsets = [TopicPartition(self.topic, self.partition, next_offset)]

@@ -45,6 +45,8 @@ _MAX_BACKOFF_S = 30.0
 # A failed delivery often costs two aborts (the failure, then librdkafka's
 # epoch bump), so allow several before deciding the input itself is the cause.
 _MAX_ABORT_STREAK = 10
+# Records held per partition while its commit runs, before the partition pauses.
+_BACKLOG_LIMIT = 5_000
 
 
 class Stage:
@@ -110,10 +112,13 @@ class Stage:
             if error is not None:
                 self._on_consume_error(error)
                 continue
-            record = to_record(msg)
-            task = self.pool.get((record.topic, record.partition))
+            task = self.pool.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
             if task is None or task.discard_batch or task.fenced_at is not None:
                 continue
+            if task.committing is not None:
+                self._hold(task, msg)
+                continue
+            record = to_record(msg)
             offset = record.offset
             if task.position is None:
                 task.position = offset
@@ -148,18 +153,74 @@ class Stage:
     # --- commits -----------------------------------------------------------------
 
     def _commit_due(self, now: float) -> None:
+        """Finish the commits that completed, then start those now due.
+
+        A commit runs on the pool while the loop goes on with the other
+        partitions; records of the committing partition wait, in order, in its
+        backlog (see ``_hold``) and are processed as soon as the commit returns.
+        """
+        self._collect_commits()
         interval = self.settings.commit_interval_ms / 1000
         limit = self.settings.commit_max_records
         due = [t for t in self.pool if t.txn is not None and t.fenced_at is None
-               and (t.commit_now or t.due(now, interval, limit))]
+               and t.committing is None and (t.commit_now or t.due(now, interval, limit))]
         if not due:
             return
         if self.pool.shared is not None:
             self._commit_delivered(due, self.pool.shared)
             return
         group_metadata = self.consumer.consumer_group_metadata()
-        for outcome in self.pool.commit(due, group_metadata):
+        for task in due:
+            task.commit_now = False
+            task.committing = self.pool.submit_commit(task, group_metadata)
+
+    def _hold(self, task: PartitionTask, msg: Message) -> None:
+        """Keep a record that arrived while its partition commits; past a bound,
+        pause the partition so a slow commit cannot pile records up in memory."""
+        task.backlog.append(msg)
+        if len(task.backlog) >= _BACKLOG_LIMIT and not task.paused_for_backlog:
+            task.paused_for_backlog = True
+            self.consumer.pause([TopicPartition(task.topic, task.partition)])
+
+    def _collect_commits(self, *, wait: bool = False,
+                         keys: set[TopicPartitionKey] | None = None, settle: bool = False) -> None:
+        """Take the outcome of finished (``wait``: of all) in-flight commits.
+
+        ``settle``: the partitions are leaving (revoke, lost, shutdown): count
+        successes, log failures, drop backlogs; the next owner starts from the
+        committed offset either way.
+        """
+        for task in self.pool:
+            future = task.committing
+            if future is None or (keys is not None and task.key not in keys):
+                continue
+            if not wait and not future.done():
+                continue
+            outcome = future.result()
+            task.committing = None
+            if settle:
+                task.backlog.clear()
+                self._settle(outcome)
+                continue
             self._after_commit(outcome)
+            self._drain_backlog(task)
+
+    def _settle(self, outcome: CommitOutcome) -> None:
+        if outcome.error is None:
+            self._after_commit(outcome)
+        else:
+            log.warning("transaction.commit_failed", topic=outcome.task.topic,
+                        partition=outcome.task.partition,
+                        transactional_id=outcome.task.transactional_id, error=str(outcome.error))
+
+    def _drain_backlog(self, task: PartitionTask) -> None:
+        backlog, task.backlog = task.backlog, []
+        if task.paused_for_backlog:
+            task.paused_for_backlog = False
+            if task.resume_at is None and task.fenced_at is None:
+                self.consumer.resume([TopicPartition(task.topic, task.partition)])
+        if backlog and task.fenced_at is None and self.pool.get(task.key) is task:
+            self._process(backlog)
 
     def _commit_delivered(self, due: list[PartitionTask], producer: Producer) -> None:
         """At-least-once: wait for delivery, then commit consumer offsets. On a
@@ -281,6 +342,7 @@ class Stage:
         """Seek back: Kafka does not rewind an aborted transaction's input for us."""
         task.position = offset
         task.discard_batch = True
+        task.backlog.clear()
         with translated(Where("seek", task.transactional_id, task.topic, task.partition, offset)):
             self.consumer.seek(TopicPartition(task.topic, task.partition, offset))
 
@@ -352,6 +414,7 @@ class Stage:
         keys = [(tp.topic, tp.partition) for tp in partitions]
         self.metrics.rebalances.labels(kind=kind).inc()
         try:
+            self._collect_commits(wait=True, keys=set(keys), settle=True)
             if self.pool.shared is not None and kind == "revoked" and not self._dirty:
                 owned = [self.pool.get(key) for key in keys]
                 self._commit_delivered([t for t in owned if t and t.txn], self.pool.shared)
@@ -434,7 +497,9 @@ class Stage:
     def _close_clean(self) -> None:
         """SIGTERM: commit what is open, leave the group (revokes), close producers."""
         log.info("stage.stopping", open_transactions=sum(1 for t in self.pool if t.txn))
+        self._collect_commits(wait=True)
         self._commit_due(float("inf"))
+        self._collect_commits(wait=True, settle=True)
         self.consumer.close()
         self.pool.close([t.key for t in self.pool], lambda t: self._finish(t, None, "shutdown"))
         self.pool.shutdown()
@@ -446,6 +511,7 @@ class Stage:
         outputs: abort everything, commit nothing."""
         self._dirty = True
         log.error("stage.failing", open_transactions=sum(1 for t in self.pool if t.txn))
+        self._collect_commits(wait=True, settle=True)  # a commit in flight cannot be recalled
         self.pool.close([t.key for t in self.pool], lambda t: self._finish(t, None, "shutdown"))
         try:
             self.consumer.close()

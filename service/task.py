@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from confluent_kafka import Message
 
 from service import transaction
 from service.processing import Produced
 from service.producer import PinnedProducer
+
+if TYPE_CHECKING:
+    from service.pool import CommitOutcome
 
 
 class Writer(Protocol):
@@ -49,6 +55,9 @@ class PartitionTask:
         self.abort_streak = 0          # aborts since the last commit
         self.commit_now = False        # commit at the end of this batch, due or not
         self.commit_uncertain = False  # a commit timed out: it may have succeeded
+        self.committing: Future[CommitOutcome] | None = None  # commit running on the pool
+        self.backlog: list[Message] = []  # records that arrived while committing, in order
+        self.paused_for_backlog = False
         self.discard_batch = False     # rewound: drop the rest of this consume batch
         self.fenced_at: float | None = None  # monotonic time the producer was fenced
         self.resume_at: float | None = None  # paused for backoff until then

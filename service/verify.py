@@ -49,6 +49,8 @@ def read_topics(bootstrap: str, topics: Iterable[str], *, isolation: str = "read
         "bootstrap.servers": bootstrap, "group.id": f"txstage-verify-{uuid.uuid4().hex}",
         "isolation.level": isolation, "enable.auto.commit": False,
         "enable.partition.eof": True, "auto.offset.reset": "earliest",
+        # Watermark queries queue behind an in-flight fetch: keep fetches short.
+        "fetch.wait.max.ms": 10,
     })
     try:
         return _read_to_end(consumer, _partitions(consumer, topics), timeout_s)

@@ -8,52 +8,30 @@ transform makes of the input read back read_committed.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import pytest
 from confluent_kafka import Producer
 
-from service.backfill import main, parity
+from service import Record
+from service.backfill import config, kafka_clients, parity, progress, tasks
+from service.backfill.plan import Slice
+from service.backfill.specs import parse_sink, parse_source
+from service.errors import FencedError
 from service.examples.square import square
 from service.verify import expected_outputs, read_topics
 from tests.harness.reading import end_offsets, read_uncommitted
 from tests.integration.backfill_faults import CRASH_AT
 from tests.integration.conftest import PARTITIONS, StageSetup
-from tests.integration.conftest_spark import spark  # noqa: F401  (fixture)
+from tests.integration.conftest_spark import (  # noqa: F401  (fixtures)
+    Backfill,
+    backfill_fixture,
+    spark_fixture,
+)
 from tests.integration.replicas import all_committed, produce_inputs, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.usefixtures("spark")]
 
 NewTopic = Callable[..., str]
-
-
-@dataclass
-class Backfill:
-    """Runs ``txstage backfill`` in this process (on the test session's Spark)."""
-
-    bootstrap: str
-    capsys: pytest.CaptureFixture[str]
-
-    def __call__(self, *argv: str) -> tuple[int, str, str]:
-        code = main([*argv, "--progress-interval", "0"])
-        captured = self.capsys.readouterr()
-        return code, captured.out, captured.err
-
-    def job_id(self, out: str) -> str:
-        return out.split("backfill job ", 1)[1].split(maxsplit=1)[0]
-
-
-@pytest.fixture
-def backfill(kafka: object, monkeypatch: pytest.MonkeyPatch, unique_name: Callable[[str], str],
-             capsys: pytest.CaptureFixture[str], tmp_path: object) -> Iterator[Backfill]:
-    bootstrap = kafka.bootstrap  # type: ignore[attr-defined]
-    monkeypatch.chdir(tmp_path)  # type: ignore[arg-type]
-    monkeypatch.setenv("TXSTAGE_BOOTSTRAP_SERVERS", bootstrap)
-    monkeypatch.setenv("TXSTAGE_TRANSFORM", "service.examples.square:square")
-    monkeypatch.setenv("TXSTAGE_TRANSACTIONAL_ID_PREFIX", unique_name("bf"))
-    for name in ("TXSTAGE_OUTPUT_TOPIC", "TXSTAGE_DLQ_TOPIC", "TXSTAGE_GROUP_ID"):
-        monkeypatch.delenv(name, raising=False)
-    yield Backfill(bootstrap, capsys)
 
 
 def run_stream(stage: StageSetup, transform: str = "service.examples.square:square") -> None:
@@ -105,6 +83,17 @@ def test_backfill_equals_the_stream_record_for_record_and_reruns_write_nothing(
                             "--sink", f"kafka://{out}", "--dlq-topic", dlq, "--job-id", job)
     assert code == 2 and f"job {job} was started with source=" in err
 
+    renames = ("--rename", f"{stage.output_topic}={out}", "--rename", f"{stage.dlq_topic}={dlq}")
+    verify = ("verify", "--expected", f"kafka://{stage.output_topic},{stage.dlq_topic}",
+              "--actual", f"kafka://{out},{dlq}")
+    code, printed, _ = backfill(*verify, *renames, "--job-id", job)
+    assert code == 0 and "3000 expected outputs, 3000 actual" in printed
+    code, printed, _ = backfill(*verify, *renames[:2])  # the DLQ topic names differ
+    assert code == 1 and "DIFFERENT" in printed
+    code, printed, _ = backfill(*verify, *renames,
+                                "--within", f"kafka://{stage.input_topic}?to=offsets:0=10")
+    assert code == 0 and "10 expected outputs, 10 actual" in printed
+
 
 def test_a_task_dying_mid_slice_is_retried_with_no_duplicate_and_nothing_lost(
         new_topic: NewTopic, backfill: Backfill) -> None:
@@ -129,6 +118,43 @@ def test_a_task_dying_mid_slice_is_retried_with_no_duplicate_and_nothing_lost(
     written = len(read_uncommitted(backfill.bootstrap, out))
     assert written >= 1000 + 2 * (CRASH_AT - 200), written
     assert "inputs          1000 (" in printed
+
+
+def test_an_older_attempt_still_running_is_fenced_and_publishes_nothing(
+        new_topic: NewTopic, backfill: Backfill) -> None:
+    """A zombie (a speculative attempt, an executor cut off but alive): a newer attempt of
+    the same slice takes over mid-transaction; the old one fails, its open outputs vanish."""
+    source, out = new_topic(partitions=1, prefix="in"), new_topic(partitions=1, prefix="out")
+    produce_inputs(backfill.bootstrap, source, range(100), 1)
+    inputs = read_topics(backfill.bootstrap, [source])
+    flags = config.Flags(parse_source(f"kafka://{source}"), parse_sink(f"kafka://{out}"),
+                         job_id="zombie", dlq_topic="", transaction_records=20)
+    job_config = config.build(flags, config.environment())
+    progress.ensure_topic(kafka_clients.admin(job_config.kafka()), job_config.progress_topic)
+    piece = Slice(0, source, 0, 0, 100)
+    sink = tasks.KafkaSinkJob(
+        tasks.Processing(job_config.transform, out, None, 1_000_000, job_config.kafka()),
+        job_config.kafka(), "zombie", job_config.id_prefix, job_config.progress_topic, 20,
+        60_000, {0: piece})
+    old, new = tasks.slice_writer(sink, 0), tasks.slice_writer(sink, 0)
+
+    def feed() -> Iterator[Record]:
+        for record in inputs:
+            if record.offset == 50:  # old has committed 0..39 and holds 40..49 open
+                old.producer._producer.flush(10)  # ...on the broker, not just queued
+                assert new.run(inputs).progress.done
+            yield record
+
+    with pytest.raises(FencedError):
+        old.run(feed())
+    old.producer.close()
+    new.producer.close()
+    assert new.outcome.skipped == 40 and new.outcome.records == 60
+    wanted = [parity.Output(p.topic, p.key, p.value, tuple(p.headers)) for p in
+              expected_outputs(inputs, square, default_topic=out, dlq_topic=None).values()]
+    report = parity.compare(wanted, parity.from_topics(backfill.bootstrap, [out]))
+    assert report.ok, report.problems()
+    assert len(read_uncommitted(backfill.bootstrap, out)) >= 110  # old's 40..49, aborted
 
 
 def test_a_poison_record_without_dead_letter_topic_fails_the_job_after_what_came_before(

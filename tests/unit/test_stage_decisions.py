@@ -3,6 +3,7 @@ pinned producers are autospec'd fakes; errors are built as librdkafka builds the
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from unittest.mock import MagicMock, create_autospec, patch
 
@@ -58,6 +59,12 @@ def open_transaction(stage: Stage, first: int = 10, last: int = 14) -> MagicMock
     return task.producer  # type: ignore[return-value]
 
 
+def commit(stage: Stage) -> None:
+    """Start every due commit on the pool, then take their outcomes."""
+    stage._commit_due(float("inf"))
+    stage._collect_commits(wait=True)
+
+
 def aborted(stage: Stage, reason: str) -> float:
     return stage.metrics.aborted.labels(reason=reason)._value.get()  # type: ignore[no-any-return]
 
@@ -73,7 +80,7 @@ def test_abortable_commit_aborts_and_rewinds_to_the_first_offset(stage: Stage) -
     producer = open_transaction(stage)
     producer.commit.side_effect = error(AbortableError, KafkaError.INVALID_RECORD,
                                         txn_requires_abort=True)
-    stage._commit_due(float("inf"))
+    commit(stage)
     producer.abort.assert_called_once()
     consumer: MagicMock = stage.consumer  # type: ignore[assignment]
     (tp,), _ = consumer.seek.call_args
@@ -83,7 +90,7 @@ def test_abortable_commit_aborts_and_rewinds_to_the_first_offset(stage: Stage) -
 
 def test_committed_offset_is_last_processed_plus_one(stage: Stage) -> None:
     producer = open_transaction(stage, 10, 14)
-    stage._commit_due(float("inf"))
+    commit(stage)
     (offset, _), _ = producer.send_offsets.call_args
     assert offset == 15
     assert stage.metrics.committed._value.get() == 1
@@ -93,7 +100,7 @@ def test_fenced_commit_closes_the_producer_and_pauses_until_ownership_is_sure(
         stage: Stage) -> None:
     producer = open_transaction(stage)
     producer.commit.side_effect = error(FencedError, KafkaError._FENCED, fatal=True)
-    stage._commit_due(float("inf"))
+    commit(stage)
     producer.close.assert_called_once()
     producer.abort.assert_not_called()
     consumer: MagicMock = stage.consumer  # type: ignore[assignment]
@@ -113,7 +120,7 @@ def test_commit_time_out_past_its_deadline_is_never_aborted(stage: Stage) -> Non
     producer = open_transaction(stage)
     producer.commit.side_effect = error(RetriableError, KafkaError._TIMED_OUT, retriable=True)
     with pytest.raises(RetriableError):
-        stage._commit_due(float("inf"))
+        commit(stage)
     stage._close_dirty()
     producer.abort.assert_not_called()
 
@@ -143,7 +150,7 @@ def test_repeated_aborts_back_off_then_fail(stage: Stage) -> None:
     with pytest.raises(AbortableError):
         for _ in range(20):
             open_transaction(stage)
-            stage._commit_due(float("inf"))
+            commit(stage)
     assert producer.abort.call_count == 10
     assert consumer.pause.called  # backoff between attempts
 
@@ -164,3 +171,39 @@ def test_consumer_is_never_left_reading_uncommitted() -> None:
     assert config["isolation.level"] == "read_committed"
     assert config["enable.auto.commit"] is False
     assert isinstance(Consumer, type)
+
+
+def test_records_arriving_during_a_commit_wait_in_order_then_join_the_next_transaction(
+        stage: Stage) -> None:
+    producer = open_transaction(stage, 10, 14)
+    started = threading.Event()
+    release = threading.Event()
+
+    def slow_commit() -> None:
+        started.set()
+        release.wait(5)
+
+    producer.commit.side_effect = slow_commit
+    stage._commit_due(float("inf"))
+    assert started.wait(5)
+    arrived = [fake_message(offset) for offset in (15, 16, 17)]
+    stage._process(arrived)  # the partition is committing: held, not written
+    task = stage.pool.get(("in", 0))
+    assert task is not None and task.backlog == arrived
+    release.set()
+    stage._collect_commits(wait=True)
+    assert task.backlog == [] and task.txn is not None
+    assert (task.txn.first_offset, task.txn.next_offset) == (15, 18)
+    (offset, _), _ = producer.send_offsets.call_args
+    assert offset == 15  # the first transaction ended before the held records
+
+
+def fake_message(offset: int) -> MagicMock:
+    msg = MagicMock()
+    msg.error.return_value = None
+    msg.topic.return_value, msg.partition.return_value = "in", 0
+    msg.offset.return_value = offset
+    msg.timestamp.return_value = (1, 0)
+    msg.key.return_value, msg.value.return_value = b"k", str(offset).encode()
+    msg.headers.return_value = None
+    return msg

@@ -1,0 +1,239 @@
+"""``txstage backfill [run|verify|jars] ...``: arguments in, exit code out.
+
+Exit codes: 0 done (or identical, for verify), 1 the job failed (or verify found
+differences), 2 bad arguments or configuration, one line per problem on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from service.backfill import config, jars, parity, plan
+from service.backfill.specs import KafkaSource, parse_sink, parse_source
+from service.errors import ConfigError
+from service.lineage import Lineage
+
+PROG = "txstage backfill"
+COMMANDS = ("run", "verify", "jars")
+_PYTHON_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$", re.MULTILINE)
+
+log = logging.getLogger("txstage.backfill")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = list(argv)
+    command = args.pop(0) if args and args[0] in COMMANDS else "run"
+    _configure_logging()
+    try:
+        return _COMMANDS[command](args)
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        log.debug("backfill failed", exc_info=True)
+        print(f"{PROG}: failed: {describe_failure(exc)}", file=sys.stderr)
+        return 1
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for a failure; from a Spark task's Python traceback, its last error line."""
+    text = str(exc)
+    found = _PYTHON_ERROR.findall(text)
+    if found:
+        name, message = found[-1]
+        return f"{name}: {message.strip()}"
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {first}"
+
+
+def _configure_logging() -> None:
+    """The stage's log pipeline, unless the host (pytest, an app) already set one up."""
+    if logging.getLogger().handlers:
+        return
+    from service.logs import configure_logging
+
+    env = config.environment()
+    fmt = env.get("TXSTAGE_LOG_FORMAT", "console")
+    configure_logging("json" if fmt == "json" else "console", env.get("TXSTAGE_LOG_LEVEL",
+                                                                        "INFO"))
+
+
+# -- run ---------------------------------------------------------------------------------
+
+
+def run_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=f"{PROG} [run]", description="Run TXSTAGE_TRANSFORM over history on "
+                "PySpark; re-running the same command resumes the same job (docs/backfill.md).")
+    p.add_argument("--source", required=True, help="kafka://<topic>?from=<bound>&to=<bound> "
+                   "(bounds: earliest, latest, offsets:<p>=<o>,..., timestamp:<ms|ISO-8601>), "
+                   "parquet:<path> or jsonl:<path>[?encoding=base64]")
+    p.add_argument("--sink", required=True,
+                   help="kafka[://<output topic>] (exactly once) or parquet:<path>")
+    p.add_argument("--job-id", help="names the job; default: derived from the arguments, so "
+                   "the same command resumes the same job")
+    p.add_argument("--transform", help="module.path:function (default TXSTAGE_TRANSFORM)")
+    p.add_argument("--output-topic", help="for outputs with topic=None "
+                   "(default TXSTAGE_OUTPUT_TOPIC)")
+    p.add_argument("--dlq-topic", help="dead-letter topic; '' fails on a poison record "
+                   "(default TXSTAGE_DLQ_TOPIC)")
+    p.add_argument("--bootstrap-servers", help="default TXSTAGE_BOOTSTRAP_SERVERS")
+    p.add_argument("--transactional-id-prefix", help="default TXSTAGE_TRANSACTIONAL_ID_PREFIX, "
+                   "else TXSTAGE_GROUP_ID, else txstage")
+    p.add_argument("--progress-topic", help="default <prefix>.backfill.progress")
+    p.add_argument("--slice-records", type=_positive, default=plan.DEFAULT_SLICE_RECORDS,
+                   help="cut input partitions at multiples of this many offsets "
+                   "(default %(default)s)")
+    p.add_argument("--transaction-records", type=_positive, default=5000,
+                   help="inputs per transaction, at most (default %(default)s)")
+    p.add_argument("--transaction-ms", type=_positive, default=2000,
+                   help="commit at least this often (default %(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing Parquet sink")
+    p.add_argument("--master", help="Spark master when not under spark-submit "
+                   "(default local[*,4])")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting (repeatable)")
+    p.add_argument("--reader-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Java Kafka consumer property for Spark's Kafka source (repeatable)")
+    p.add_argument("--progress-interval", type=float, default=10.0, metavar="SECONDS",
+                   help="log progress this often; 0 disables (default %(default)s)")
+    return p
+
+
+def _run(args: list[str]) -> int:
+    ns = run_parser().parse_args(args)
+    try:
+        from service.backfill import job  # imports pyspark: only when a job runs
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in ("pyspark", "pyarrow", "pandas"):
+            raise
+        raise ConfigError(f"{exc.name} is not installed: pip install 'txstage[spark]'") from exc
+    flags = config.Flags(
+        source=parse_source(ns.source), sink=parse_sink(ns.sink), job_id=ns.job_id,
+        transform=ns.transform, output_topic=ns.output_topic, dlq_topic=ns.dlq_topic,
+        bootstrap_servers=ns.bootstrap_servers,
+        transactional_id_prefix=ns.transactional_id_prefix, progress_topic=ns.progress_topic,
+        slice_records=ns.slice_records, transaction_records=ns.transaction_records,
+        transaction_ms=ns.transaction_ms, dry_run=ns.dry_run, overwrite=ns.overwrite,
+        master=ns.master, spark_conf=_pairs(ns.conf, "--conf"),
+        reader_options=_pairs(ns.reader_option, "--reader-option"),
+        progress_interval_s=ns.progress_interval)
+    return job.run(config.build(flags, config.environment()))
+
+
+# -- verify ------------------------------------------------------------------------------
+
+
+def verify_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=f"{PROG} verify", description="Compare two sets of outputs by lineage "
+                "(txstage.src, txstage.idx): key, value, topic and headers must match.")
+    p.add_argument("--expected", required=True,
+                   help="kafka://<topic>[,<topic>...] or parquet:<path> (e.g. the stream's)")
+    p.add_argument("--actual", required=True, help="the same forms (e.g. the backfill's)")
+    p.add_argument("--rename", action="append", default=[], metavar="EXPECTED=ACTUAL",
+                   help="an expected topic name that is another name on the actual side")
+    p.add_argument("--job-id", help="compare only outputs of that backfill job's input range")
+    p.add_argument("--within", metavar="KAFKA_SOURCE", help="compare only outputs of inputs in "
+                   "this range, e.g. kafka://orders?from=offsets:0=0&to=offsets:0=500")
+    p.add_argument("--progress-topic", help="where the job's plan is "
+                   "(default <prefix>.backfill.progress)")
+    p.add_argument("--bootstrap-servers", help="default TXSTAGE_BOOTSTRAP_SERVERS")
+    return p
+
+
+def _verify(args: list[str]) -> int:
+    ns = verify_parser().parse_args(args)
+    env = config.environment()
+    bootstrap = ns.bootstrap_servers or env.get("TXSTAGE_BOOTSTRAP_SERVERS")
+    if ns.job_id and ns.within:
+        raise ConfigError("give --job-id or --within, not both")
+    within = _job_range(ns, env, bootstrap) if ns.job_id else \
+        _input_range(ns.within, env, bootstrap) if ns.within else None
+    report = parity.compare(parity.read(ns.expected, bootstrap),
+                            parity.read(ns.actual, bootstrap),
+                            rename=_pairs(ns.rename, "--rename"), within=within)
+    print(f"parity: {report.expected} expected outputs, {report.actual} actual")
+    for problem in report.problems():
+        print(f"  {problem}")
+    print("  identical" if report.ok else "  DIFFERENT")
+    return 0 if report.ok else 1
+
+
+def _job_range(ns: argparse.Namespace, env: dict[str, str],
+               bootstrap: str | None) -> Callable[[Lineage], bool]:
+    from service.backfill import kafka_clients
+
+    if not bootstrap:
+        raise ConfigError("--job-id needs TXSTAGE_BOOTSTRAP_SERVERS or --bootstrap-servers")
+    settings = config.reader_settings(env, bootstrap)
+    topic = ns.progress_topic or config.default_progress_topic(config.id_prefix(None, env))
+    state = kafka_clients.read_job(settings, topic, ns.job_id)
+    if state.plan is None:
+        raise ConfigError(f"job {ns.job_id} has no plan in {topic}")
+    return parity.within_slices(state.plan.slices)
+
+
+def _input_range(text: str, env: dict[str, str],
+                 bootstrap: str | None) -> Callable[[Lineage], bool]:
+    from service.backfill import kafka_clients, offsets
+
+    source = parse_source(text)
+    if not isinstance(source, KafkaSource):
+        raise ConfigError(f"--within {text!r}: name a Kafka range, kafka://<topic>?from=&to=")
+    if not bootstrap:
+        raise ConfigError("--within needs TXSTAGE_BOOTSTRAP_SERVERS or --bootstrap-servers")
+    ranges = offsets.resolve(kafka_clients.admin(config.reader_settings(env, bootstrap)), source)
+    return parity.within_slices(plan.slice_ranges(ranges, 1 << 62))
+
+
+# -- jars --------------------------------------------------------------------------------
+
+
+def _jars(args: list[str]) -> int:
+    p = _Parser(prog=f"{PROG} jars", description="Resolve Spark's Kafka connector for the "
+                "installed PySpark into the cache (Maven, once) and print the list for "
+                "spark-submit --jars.")
+    p.parse_args(args)
+    try:
+        print(jars.classpath(jars.ensure_jars()))
+    except jars.JarResolutionError as exc:
+        print(f"{PROG}: failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+_COMMANDS: dict[str, Callable[[list[str]], int]] = {"run": _run, "verify": _verify,
+                                                    "jars": _jars}
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be positive")
+    return value
+
+
+def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"{flag} {item!r}: expected KEY=VALUE")
+        found[name] = value
+    return found

@@ -1,0 +1,308 @@
+"""The driver: check the job, fix its plan, show it, run it on Spark, report it.
+
+Everything that can be wrong with the arguments or the cluster (unloadable transform,
+missing topics, impossible ranges, a job id reused with other arguments) is found here
+before any record is written, and raised as ConfigError (exit code 2).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+from pyspark.sql import DataFrame, SparkSession
+
+from service.backfill import (
+    kafka_clients,
+    offsets,
+    progress,
+    report,
+    rows,
+    sources,
+    tasks,
+)
+from service.backfill.config import JobConfig
+from service.backfill.plan import Plan, Slice, fingerprint, slice_ranges
+from service.backfill.progress import JobState
+from service.backfill.session import spark_session
+from service.backfill.specs import FileSource, KafkaSource, ParquetSink
+from service.errors import ConfigError, Where, translated
+from service.transform import load_transform
+
+log = logging.getLogger("txstage.backfill")
+
+
+@dataclass(slots=True)
+class Run:
+    """One invocation: its configuration, the settled plan and what was committed before."""
+
+    config: JobConfig
+    plan: Plan
+    state: JobState | None  # Kafka sink only: the stored plan and slice progress
+    started: float
+
+    def pending(self) -> list[Slice]:
+        state = self.state
+        if state is None:
+            return list(self.plan.slices)
+        return [s for s in self.plan.slices
+                if not (state.slices.get(s.index) and state.slices[s.index].done)]
+
+    def first_offset(self, piece: Slice) -> int:
+        """Where the read of a slice can start: no earlier than its committed progress."""
+        found = self.state.slices.get(piece.index) if self.state else None
+        return max(piece.start, found.next_offset) if found else piece.start
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a job did, for the summary (and the benchmark)."""
+
+    job_id: str
+    inputs: int  # committed inputs of the whole job (every run, for a Kafka sink)
+    outputs: int
+    dead_lettered: int
+    inputs_this_run: int
+    transactions: int = 0
+    aborts: int = 0
+    seconds: float = 0.0  # this invocation, start to end
+    spark_seconds: float = 0.0  # the Spark job that transformed and wrote
+    status: str = "complete"  # complete | already complete | dry run
+
+
+def run(config: JobConfig) -> int:
+    """The job, printed: exit code 0 (failures raise)."""
+    report.print_summary(config, execute(config))
+    return 0
+
+
+def execute(config: JobConfig) -> Outcome:
+    started = time.monotonic()
+    load_transform(config.transform)  # unloadable → ConfigError before Spark starts
+    if isinstance(config.source, KafkaSource):
+        return _from_kafka(config, config.source, started)
+    return _from_files(config, config.source, started)
+
+
+def _from_kafka(config: JobConfig, source: KafkaSource, started: float) -> Outcome:
+    admin = kafka_clients.admin(config.kafka())
+    ranges = _gathered(lambda: offsets.resolve(admin, source),
+                       lambda: _check_sink_topics(config, admin))[0]
+    fresh = _plan(config, slice_ranges(ranges, config.flags.slice_records))
+    job = _settle(config, admin, fresh, started)
+    early = _finished_before_spark(job)
+    if early is not None:
+        return early
+    with _session(config) as spark:
+        options = sources.kafka_reader_options(config.kafka(), config.flags.reader_options)
+        frame = sources.kafka_slices(spark, options,
+                                     [(s, job.first_offset(s)) for s in job.pending()])
+        return _execute(spark, job, frame)
+
+
+def _from_files(config: JobConfig, source: FileSource, started: float) -> Outcome:
+    admin = kafka_clients.admin(config.kafka()) if config.kafka_sink else None
+    if admin is not None:
+        _check_sink_topics(config, admin)
+    with _session(config) as spark:
+        frame = sources.files(spark, source)
+        fresh = _plan(config, slice_ranges(sources.file_ranges(frame, config.flags.slice_records),
+                                           config.flags.slice_records))
+        job = _settle(config, admin, fresh, started)
+        early = _finished_before_spark(job)
+        if early is not None:
+            return early
+        tagged = sources.tag_slices(spark, frame, job.pending(), config.flags.slice_records)
+        return _execute(spark, job, tagged)
+
+
+def _gathered(*checks: Callable[[], Any]) -> list[Any]:
+    """Run every check; raise one ConfigError naming all their problems, if any."""
+    results: list[Any] = []
+    problems: list[str] = []
+    for check in checks:
+        try:
+            results.append(check())
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(*problems)
+    return results
+
+
+def _session(config: JobConfig) -> AbstractContextManager[SparkSession]:
+    return spark_session(f"txstage-backfill-{config.job_id}", master=config.flags.master,
+                         need_kafka=config.settings is not None, conf=config.flags.spark_conf)
+
+
+def _plan(config: JobConfig, slices: tuple[Slice, ...]) -> Plan:
+    return Plan(config.job_id, fingerprint(config.definition), config.flags.slice_records,
+                slices)
+
+
+def _finished_before_spark(job: Run) -> Outcome | None:
+    """Print the plan; the outcome when there is nothing for Spark to do (a dry run, or
+    every slice done), else None."""
+    report.print_plan(job.config, job.plan, job.state)
+    if job.config.flags.dry_run:
+        return _outcome(job, job.state, [], 0.0, "dry run")
+    if not job.pending():
+        return _outcome(job, job.state, [], 0.0, "already complete")
+    return None
+
+
+def _outcome(job: Run, state: JobState | None, summaries: Sequence[dict[str, int]],
+             spark_seconds: float, status: str = "complete") -> Outcome:
+    inputs, outputs, dead = report.totals(state) if state else (0, 0, 0)
+    return Outcome(job.config.job_id, inputs, outputs, dead,
+                   sum(row["records"] for row in summaries),
+                   sum(row["transactions"] for row in summaries),
+                   sum(row["aborts"] for row in summaries),
+                   time.monotonic() - job.started, spark_seconds, status)
+
+
+# -- checks and the stored plan ----------------------------------------------------------
+
+
+def _check_sink_topics(config: JobConfig, admin: AdminClient) -> None:
+    """A Kafka sink's output and dead-letter topics must exist; the progress topic, if it
+    exists, must have exactly one partition (every key lives in partition 0)."""
+    if not config.kafka_sink:
+        return
+    problems = []
+    for what, topic in (("output", config.output_topic), ("dead-letter", config.dlq_topic)):
+        if topic and offsets.topic_partitions(admin, topic) is None:
+            problems.append(f"{what} topic {topic!r} does not exist")
+    partitions = offsets.topic_partitions(admin, config.progress_topic)
+    if partitions is not None and len(partitions) != 1:
+        problems.append(f"progress topic {config.progress_topic!r} has {len(partitions)} "
+                        f"partitions; it must have exactly one (compacted)")
+    if problems:
+        raise ConfigError(*problems)
+
+
+def _settle(config: JobConfig, admin: AdminClient | None, fresh: Plan, started: float) -> Run:
+    """The plan to run: for a Kafka sink, the one stored under the job id if there is one
+    (so re-running resumes the same slices), else the fresh one, stored now."""
+    if not config.kafka_sink:
+        return Run(config, fresh, None, started)
+    assert admin is not None, "a Kafka sink has an admin client"
+    settings, topic = config.kafka(), config.progress_topic
+    exists = offsets.topic_partitions(admin, topic) is not None
+    state = kafka_clients.read_job(settings, topic, config.job_id) if exists else JobState()
+    if state.plan is None:
+        if not config.flags.dry_run:
+            progress.ensure_topic(admin, topic)
+            _store_plan(config, fresh)
+        return Run(config, fresh, state, started)
+    _check_same_job(config, state, fresh)
+    return Run(config, state.plan, state, started)
+
+
+def _check_same_job(config: JobConfig, state: JobState, fresh: Plan) -> None:
+    assert state.plan is not None
+    changed = sorted(k for k in {*config.definition, *state.definition}
+                     if config.definition.get(k) != state.definition.get(k))
+    if changed:
+        was = ", ".join(f"{k}={state.definition.get(k)!r}" for k in changed)
+        raise ConfigError(f"job {config.job_id} was started with {was}; it cannot change: "
+                          f"re-run with those arguments to resume, or use a new --job-id")
+    if isinstance(config.source, FileSource) and state.plan.slices != fresh.slices:
+        raise ConfigError(f"the input files changed since job {config.job_id} was planned "
+                          f"({len(state.plan.slices)} slices then, {len(fresh.slices)} now): "
+                          f"use a new --job-id")
+    if state.plan.slices != fresh.slices:
+        log.info("job %s keeps the range it planned on its first run; the topic has changed "
+                 "since (use a new --job-id to include new records)", config.job_id)
+
+
+def _store_plan(config: JobConfig, plan: Plan) -> None:
+    producer = kafka_clients.idempotent_producer(config.kafka())
+    failures: list[str] = []
+    value = progress.encode_plan(plan, dict(config.definition), int(time.time() * 1000))
+    with translated(Where("produce", topic=config.progress_topic)):
+        producer.produce(config.progress_topic, value, progress.plan_key(config.job_id),
+                         on_delivery=lambda err, _msg: failures.append(str(err)) if err else None)
+        left = producer.flush(30)
+    if left or failures:
+        raise RuntimeError(f"could not store the plan of job {config.job_id} in "
+                           f"{config.progress_topic}: {failures or 'delivery timed out'}")
+
+
+# -- running -----------------------------------------------------------------------------
+
+
+def _execute(spark: SparkSession, job: Run, frame: DataFrame) -> Outcome:
+    if isinstance(job.config.sink, ParquetSink):
+        return _to_parquet(spark, job, frame, job.config.sink)
+    return _to_kafka(spark, job, frame)
+
+
+def _processing(config: JobConfig, *, kafka_limits: bool) -> tasks.Processing:
+    settings = config.settings
+    return tasks.Processing(config.transform, config.output_topic, config.dlq_topic,
+                            tasks.max_bytes(settings), settings if kafka_limits else None)
+
+
+def _to_kafka(spark: SparkSession, job: Run, frame: DataFrame) -> Outcome:
+    config = job.config
+    sink = tasks.KafkaSinkJob(
+        _processing(config, kafka_limits=True), config.kafka(), config.job_id, config.id_prefix,
+        config.progress_topic, config.flags.transaction_records, config.flags.transaction_ms,
+        {s.index: s for s in job.plan.slices})
+    began = time.monotonic()
+    with report.Reporter(spark, job.plan, config, job.state):
+        rows_ = frame.mapInArrow(functools.partial(tasks.write_kafka_slices, sink),
+                                 rows.SUMMARY_DDL).collect()
+    summaries: list[dict[str, int]] = [row.asDict() for row in rows_]
+    _close_empty_slices(sink, job.pending(), summaries)
+    spark_seconds = time.monotonic() - began
+    final = kafka_clients.read_job(config.kafka(), config.progress_topic, config.job_id)
+    unfinished = [s.index for s in job.plan.slices
+                  if not (final.slices.get(s.index) and final.slices[s.index].done)]
+    if unfinished:
+        raise RuntimeError(f"slices {unfinished} of job {config.job_id} did not finish")
+    return _outcome(job, final, summaries, spark_seconds)
+
+
+def _close_empty_slices(sink: tasks.KafkaSinkJob, pending: Sequence[Slice],
+                        summaries: list[dict[str, int]]) -> None:
+    """A slice with no committed record left to read (all aborted, or already written)
+    never reached a task: mark it done here, through its own producer, like a task would."""
+    reported = {row["slice"] for row in summaries}
+    for piece in pending:
+        if piece.index not in reported:
+            outcome = tasks.write_slice(sink, piece.index, [])
+            summaries.append(tasks.summary(piece.index, outcome))
+
+
+def _to_parquet(spark: SparkSession, job: Run, frame: DataFrame,
+                sink: ParquetSink) -> Outcome:
+    config = job.config
+    if not config.flags.overwrite and _path_exists(spark, sink.path):
+        raise ConfigError(f"sink {sink}: the path exists; pass --overwrite to replace it")
+    counters = tasks.Counters(spark.sparkContext)
+    processing = _processing(config, kafka_limits=False)
+    outputs = frame.mapInArrow(functools.partial(tasks.transform_to_rows, processing, counters),
+                               rows.OUTPUT_DDL)
+    began = time.monotonic()
+    with report.Reporter(spark, job.plan, config, None):
+        outputs.write.mode("overwrite" if config.flags.overwrite else "errorifexists") \
+            .parquet(sink.path)
+    inputs, produced, dead = counters.values()
+    return Outcome(config.job_id, inputs, produced, dead, inputs, seconds=time.monotonic()
+                   - job.started, spark_seconds=time.monotonic() - began)
+
+
+def _path_exists(spark: SparkSession, path: str) -> bool:
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None, "a started session has a JVM"
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    filesystem = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    return bool(filesystem.exists(hadoop_path))

@@ -1,0 +1,82 @@
+"""The SparkSession a backfill runs in: its own, or the one spark-submit (or a test) made.
+
+When txstage starts Spark itself it adds the cached Kafka connector (jars.py) and makes
+the Python workers use this interpreter. Under ``spark-submit`` the session already
+exists and its configuration is the operator's: pass the connector with ``--jars``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator, Mapping
+
+from pyspark.sql import SparkSession
+
+from service.backfill import jars
+from service.errors import ConfigError
+
+log = logging.getLogger("txstage.backfill")
+
+DEFAULT_MASTER = "local[*,4]"  # local mode retries a failed task only with the ",4"
+KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+
+
+@contextlib.contextmanager
+def spark_session(app_name: str, *, master: str | None, need_kafka: bool,
+                  conf: Mapping[str, str] | None = None) -> Iterator[SparkSession]:
+    """Yield a session; stop it afterwards only if this call started it."""
+    active = SparkSession.getActiveSession()
+    # spark-submit (and the pyspark shell) start the JVM first and say where it listens;
+    # then its master and configuration are the operator's, and --master is ignored.
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if active is not None or submitted:
+        session = active or SparkSession.builder.appName(app_name).getOrCreate()
+        if need_kafka:
+            check_kafka_connector(session)
+        _describe(session)
+        yield session
+        return
+    session = _start(app_name, master or DEFAULT_MASTER, need_kafka, conf or {})
+    _describe(session)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def _describe(session: SparkSession) -> None:
+    context = session.sparkContext
+    log.info("spark %s, master %s, application %s", session.version, context.master,
+             context.applicationId)
+
+
+def _start(app_name: str, master: str, need_kafka: bool,
+           conf: Mapping[str, str]) -> SparkSession:
+    # Workers must import this environment's packages (pyarrow, service, the transform).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (SparkSession.builder.master(master).appName(app_name)
+               .config("spark.ui.showConsoleProgress", "false"))
+    if need_kafka:
+        builder = builder.config("spark.jars", jars.classpath(jars.ensure_jars()))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(os.environ.get("TXSTAGE_SPARK_LOG_LEVEL", "WARN"))
+    return session
+
+
+def check_kafka_connector(session: SparkSession) -> None:
+    """ConfigError unless Spark can load its Kafka source (spark-submit without --jars)."""
+    jvm = session.sparkContext._jvm
+    assert jvm is not None, "a started session has a JVM"
+    try:
+        loader = jvm.Thread.currentThread().getContextClassLoader()
+        jvm.Class.forName(KAFKA_PROVIDER, False, loader)
+    except Exception as exc:
+        raise ConfigError(
+            "Spark's Kafka connector is not on the classpath: pass "
+            "--jars \"$(python -m service.backfill jars)\" to spark-submit"
+        ) from exc

@@ -1,0 +1,234 @@
+"""The exactly-once unit of the Kafka sink: one slice, one transactional producer.
+
+A slice attempt (a Spark task attempt, or a retry of it) runs these steps in order:
+
+1. ``init_transactions()`` under ``<prefix>.backfill.<job_id>.<slice>``: the coordinator
+   aborts whatever an earlier attempt left open and fences it (its next call fails).
+2. Read the slice's committed progress (read_committed, after step 1, so it is final).
+3. Skip inputs below the progress offset; for each other input, ``process()`` it (the
+   stream's own function: same outputs, same lineage headers, same dead-letter policy)
+   and produce its outputs inside the open transaction.
+4. Every ``transaction_records`` inputs or ``transaction_ms``: produce the new progress
+   record and ``commit_transaction()`` — outputs and progress become visible together.
+5. At the end of the input: a last commit that marks the slice done.
+
+Errors follow the stream's rules (service.errors): retriable → retry the same call;
+abortable → abort and replay the transaction's inputs from memory (their outputs are
+kept, the transform is not called twice); fenced → a newer attempt owns the slice: stop
+writing and fail; fatal → fail. A poison record with no dead-letter topic commits what
+came before it and fails, so a re-run after fixing the transform resumes at that record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from service.backfill.plan import Slice
+from service.backfill.progress import SliceProgress, encode_progress, slice_key
+from service.errors import AbortableError, PoisonRecordError
+from service.processing import Produced, Result
+from service.producer import PinnedProducer
+from service.records import Record
+from service.transaction import naming_failed_output
+
+log = logging.getLogger(__name__)
+
+Process = Callable[[Record], Result]
+MAX_REPLAYS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class SliceTask:
+    """What a slice attempt needs besides its clients (picklable, sent to executors)."""
+
+    piece: Slice
+    job_id: str
+    transactional_id: str
+    progress_topic: str
+    transaction_records: int = 5000
+    transaction_ms: int = 2000
+
+
+class InputOrderError(RuntimeError):
+    """Input offsets of a slice must increase strictly and stay inside the slice."""
+
+
+@dataclass(slots=True)
+class SliceOutcome:
+    progress: SliceProgress
+    skipped: int = 0  # inputs below the committed progress, already written by an earlier run
+    records: int = 0  # inputs this attempt processed and committed
+    outputs: int = 0
+    dead_lettered: int = 0
+    transactions: int = 0
+    aborts: int = 0
+
+
+@dataclass(slots=True)
+class _Pending:
+    """The open transaction: its inputs' results, kept to replay after an abort."""
+
+    results: list[tuple[Record, Result]] = field(default_factory=list)
+    outputs: int = 0
+    dead_lettered: int = 0
+    last_offset: int = -1
+    started: float = 0.0
+    open: bool = False
+
+
+class SliceWriter:
+    def __init__(self, task: SliceTask, producer: PinnedProducer,
+                 read_progress: Callable[[], SliceProgress | None], process: Process,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.task, self.producer, self.process, self.clock = task, producer, process, clock
+        self._read_progress = read_progress
+        self._pending = _Pending()
+        self.outcome = SliceOutcome(SliceProgress.initial(task.piece))
+
+    def run(self, records: Iterable[Record]) -> SliceOutcome:
+        """Write the slice's outputs exactly once; returns what this attempt did."""
+        self.producer.init()
+        self.outcome.progress = self._committed_progress()
+        if self.outcome.progress.done:
+            log.info("slice %d: already done", self.task.piece.index)
+            return self.outcome
+        self._log_start()
+        # On a failure, no abort here: after a fenced or timed-out commit librdkafka
+        # refuses one (and an abort must never follow a commit time-out). Closing the
+        # producer aborts what it still can; the next attempt's init_transactions the rest.
+        self._write(records)
+        self._commit(done=True)
+        return self.outcome
+
+    # -- steps -------------------------------------------------------------------------
+
+    def _committed_progress(self) -> SliceProgress:
+        piece, found = self.task.piece, self._read_progress()
+        if found is None:
+            return SliceProgress.initial(piece)
+        if (found.start, found.end) != (piece.start, piece.end):
+            raise InputOrderError(
+                f"slice {piece.index} of job {self.task.job_id} was planned as offsets "
+                f"{found.start}..{found.end}, now {piece.start}..{piece.end}: the plan changed"
+            )
+        return found
+
+    def _write(self, records: Iterable[Record]) -> None:
+        last = -1
+        for record in records:
+            self._check_order(record, last)
+            last = record.offset
+            if record.offset < self.outcome.progress.next_offset:
+                self.outcome.skipped += 1
+                continue
+            self._add(record)
+            if self._due():
+                self._commit(done=False)
+
+    def _add(self, record: Record) -> None:
+        try:
+            result = self.process(record)
+        except PoisonRecordError:
+            if self._pending.open:
+                self._commit(done=False)  # the records before it are fine: keep them
+            raise
+        self._maybe_begin()
+        pending = self._pending
+        pending.results.append((record, result))
+        pending.outputs += len(result.outputs)
+        pending.dead_lettered += int(result.dead_lettered)
+        pending.last_offset = record.offset
+        try:
+            self._produce_all(result.outputs, record.offset)
+        except AbortableError as exc:
+            self._replay(exc)  # re-produces every pending result, this one included
+
+    def _due(self) -> bool:
+        pending = self._pending
+        return (len(pending.results) >= self.task.transaction_records
+                or (self.clock() - pending.started) * 1000 >= self.task.transaction_ms)
+
+    def _commit(self, *, done: bool) -> None:
+        """Produce the progress record and commit it with the outputs; replay on abort."""
+        if not self._pending.open and (self.outcome.progress.done or not done):
+            return
+        self._maybe_begin()
+        progress = self._next_progress(done)
+        for attempt in range(MAX_REPLAYS + 1):
+            try:
+                self._produce_progress(progress)
+                self._commit_transaction()
+                break
+            except AbortableError as exc:
+                if attempt == MAX_REPLAYS:
+                    raise
+                self._replay(exc)
+        self._account(progress)
+
+    def _next_progress(self, done: bool) -> SliceProgress:
+        pending, piece = self._pending, self.task.piece
+        next_offset = piece.end if done else pending.last_offset + 1
+        return self.outcome.progress.advanced(next_offset, len(pending.results),
+                                              pending.outputs, pending.dead_lettered, done)
+
+    def _replay(self, cause: AbortableError) -> None:
+        log.warning("slice %d: transaction aborted, replaying %d inputs: %s",
+                    self.task.piece.index, len(self._pending.results), cause)
+        self.producer.abort()
+        self.outcome.aborts += 1
+        self._pending.open = False
+        self._maybe_begin()
+        for record, result in self._pending.results:
+            self._produce_all(result.outputs, record.offset)
+
+    def _account(self, progress: SliceProgress) -> None:
+        pending, outcome = self._pending, self.outcome
+        outcome.records += len(pending.results)
+        outcome.outputs += pending.outputs
+        outcome.dead_lettered += pending.dead_lettered
+        outcome.transactions += 1
+        outcome.progress = progress
+        self._pending = _Pending()
+
+    # -- producer calls ----------------------------------------------------------------
+
+    def _maybe_begin(self) -> None:
+        if self._pending.open:
+            return
+        self.producer.begin()
+        self._pending.open = True
+        self._pending.started = self.clock()
+
+    def _produce_all(self, outputs: list[Produced], offset: int) -> None:
+        for out in outputs:
+            self.producer.produce(out, offset)
+
+    def _commit_transaction(self) -> None:
+        """commit_transaction (the producer retries it while retriable); a failure names
+        the first output whose delivery failed, as the stream's commit does."""
+        with naming_failed_output(self.producer):
+            self.producer.commit()
+
+    def _produce_progress(self, progress: SliceProgress) -> None:
+        key = slice_key(self.task.job_id, self.task.piece.index)
+        record = Produced(self.task.progress_topic, key, encode_progress(progress), [])
+        self.producer.produce(record, max(self._pending.last_offset, progress.start))
+
+    def _check_order(self, record: Record, last: int) -> None:
+        piece = self.task.piece
+        if record.offset <= last or not piece.contains(record.offset) \
+                or (record.topic, record.partition) != (piece.topic, piece.partition):
+            raise InputOrderError(
+                f"slice {piece.index} ({piece.topic}/{piece.partition} offsets "
+                f"{piece.start}..{piece.end}) got {record.topic}/{record.partition}@"
+                f"{record.offset} after offset {last}: inputs must be unique and in order"
+            )
+
+    def _log_start(self) -> None:
+        progress, piece = self.outcome.progress, self.task.piece
+        if progress.next_offset > piece.start:
+            log.info("slice %d: resuming at offset %d (%d inputs already committed)",
+                     piece.index, progress.next_offset, progress.records_in)

@@ -1,0 +1,190 @@
+"""The slice writer's protocol against a fake producer: what is visible after each commit.
+
+The fake keeps a log of committed records and the open transaction, so "visible" means
+what a read_committed consumer would see. Errors are built directly, like librdkafka's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+import pytest
+from confluent_kafka import KafkaError
+
+from service import Output, Record
+from service.backfill.plan import Slice
+from service.backfill.progress import SliceProgress
+from service.backfill.slice_writer import InputOrderError, SliceTask, SliceWriter
+from service.errors import AbortableError, FencedError, PoisonRecordError, Where
+from service.examples.square import square
+from service.processing import Produced, process
+from service.producer import DeliveryLatch
+
+PIECE = Slice(3, "in", 1, 100, 200)
+TASK = SliceTask(PIECE, "job", "p.backfill.job.3", "progress", transaction_records=10,
+                 transaction_ms=60_000)
+
+
+def abortable() -> AbortableError:
+    return AbortableError(Where("commit_transaction"),
+                          KafkaError(KafkaError._MSG_TIMED_OUT, "x", txn_requires_abort=True))
+
+
+def fenced() -> FencedError:
+    return FencedError(Where("commit_transaction"), KafkaError(KafkaError._FENCED, "x", fatal=True))
+
+
+class FakeProducer:
+    """Stands in for service.producer.PinnedProducer (same methods, same error classes)."""
+
+    transactional_id = TASK.transactional_id
+
+    def __init__(self) -> None:
+        self.deliveries = DeliveryLatch()
+        self.committed: list[Produced] = []
+        self.open: list[Produced] = []
+        self.calls: list[str] = []
+        self.fail_commit: list[Exception] = []  # raised by the next commits, in order
+        self.in_transaction = False
+
+    def init(self) -> None:
+        self.calls.append("init")
+
+    def begin(self) -> None:
+        assert not self.in_transaction, "begin inside a transaction"
+        self.in_transaction = True
+        self.calls.append("begin")
+
+    def produce(self, out: Produced, offset: int) -> None:
+        assert self.in_transaction, "produce outside a transaction"
+        self.open.append(out)
+
+    def commit(self) -> None:
+        self.calls.append("commit")
+        if self.fail_commit:
+            raise self.fail_commit.pop(0)
+        self.committed += self.open
+        self.open, self.in_transaction = [], False
+
+    def abort(self) -> None:
+        self.calls.append("abort")
+        self.open, self.in_transaction = [], False
+
+
+    def outputs(self) -> list[Produced]:
+        return [p for p in self.committed if p.topic != "progress"]
+
+    def progress(self) -> list[dict[str, object]]:
+        return [json.loads(p.value or b"") for p in self.committed if p.topic == "progress"]
+
+
+def records(start: int, end: int, value: Callable[[int], bytes] = lambda i: b"%d" % i
+            ) -> Iterator[Record]:
+    return (Record("in", 1, i, 0, b"k", value(i)) for i in range(start, end))
+
+
+def run(producer: FakeProducer, inputs: Iterator[Record], committed: SliceProgress | None = None,
+        dlq: str | None = "dlq") -> SliceWriter:
+    def processing(record: Record) -> object:
+        return process(square, record, default_topic="out", dlq_topic=dlq,
+                       max_bytes=lambda _: 1 << 20)
+
+    writer = SliceWriter(TASK, producer, lambda: committed, processing)  # type: ignore[arg-type]
+    writer.run(inputs)
+    return writer
+
+
+def sources(outputs: list[Produced]) -> list[int]:
+    return [int(dict(o.headers)["txstage.src"].split(b"/")[-1]) for o in outputs]
+
+
+def test_fresh_slice_commits_outputs_with_progress_every_n_inputs() -> None:
+    producer = FakeProducer()
+    writer = run(producer, records(100, 125))
+    assert sources(producer.outputs()) == list(range(100, 125))
+    assert [p["next_offset"] for p in producer.progress()] == [110, 120, 200]
+    assert producer.progress()[-1]["done"] is True and producer.progress()[-1]["records_in"] == 25
+    assert producer.calls[0] == "init" and writer.outcome.transactions == 3
+
+
+def test_resumed_slice_skips_what_is_committed() -> None:
+    producer = FakeProducer()
+    earlier = SliceProgress(3, 100, 200, next_offset=117, records_in=17, outputs=17)
+    writer = run(producer, records(100, 125), committed=earlier)
+    assert sources(producer.outputs()) == list(range(117, 125))
+    assert writer.outcome.skipped == 17
+    assert producer.progress()[-1]["records_in"] == 25
+
+
+def test_done_slice_writes_nothing() -> None:
+    producer = FakeProducer()
+    run(producer, records(100, 125), SliceProgress(3, 100, 200, 200, 25, 25, 0, done=True))
+    assert producer.committed == [] and producer.calls == ["init"]
+
+
+def test_abortable_commit_is_aborted_and_replayed_without_calling_the_transform_again() -> None:
+    producer = FakeProducer()
+    producer.fail_commit = [abortable()]
+    calls: list[int] = []
+
+    def counting(record: Record) -> Iterator[Output]:
+        calls.append(record.offset)
+        return square(record)
+
+    def processing(record: Record) -> object:
+        return process(counting, record, default_topic="out", dlq_topic=None,
+                       max_bytes=lambda _: 1 << 20)
+
+    writer = SliceWriter(TASK, producer, lambda: None, processing)  # type: ignore[arg-type]
+    writer.run(records(100, 115))
+    assert sources(producer.outputs()) == list(range(100, 115))
+    assert calls == list(range(100, 115))
+    assert writer.outcome.aborts == 1 and "abort" in producer.calls
+
+
+def test_fenced_attempt_stops_and_leaves_nothing_visible() -> None:
+    producer = FakeProducer()
+    producer.fail_commit = [fenced()]
+    with pytest.raises(FencedError):
+        run(producer, records(100, 125))
+    assert producer.committed == []
+
+
+def test_poison_record_without_dlq_commits_what_came_before_then_fails() -> None:
+    producer = FakeProducer()
+    bad = lambda i: b"oops" if i == 104 else b"%d" % i  # noqa: E731
+    with pytest.raises(PoisonRecordError, match="in/1@104"):
+        run(producer, records(100, 110, bad), dlq=None)
+    assert sources(producer.outputs()) == [100, 101, 102, 103]
+    assert producer.progress()[-1]["next_offset"] == 104
+    assert producer.progress()[-1]["done"] is False
+
+
+def test_poison_record_with_dlq_is_dead_lettered_in_the_transaction() -> None:
+    producer = FakeProducer()
+    bad = lambda i: b"oops" if i == 104 else b"%d" % i  # noqa: E731
+    writer = run(producer, records(100, 110, bad))
+    dead = [o for o in producer.outputs() if o.topic == "dlq"]
+    assert sources(dead) == [104] and writer.outcome.dead_lettered == 1
+    assert producer.progress()[-1]["dead_lettered"] == 1
+
+
+def test_empty_remaining_input_still_marks_the_slice_done() -> None:
+    producer = FakeProducer()
+    run(producer, records(0, 0), SliceProgress(3, 100, 200, 150, 50, 50))
+    assert producer.progress() == [{**producer.progress()[0], "next_offset": 200, "done": True}]
+
+
+@pytest.mark.parametrize("offsets", [[100, 100], [105, 101], [99], [200]])
+def test_inputs_out_of_order_or_outside_the_slice_fail(offsets: list[int]) -> None:
+    producer = FakeProducer()
+    inputs = (Record("in", 1, o, 0, None, b"1") for o in offsets)
+    with pytest.raises(InputOrderError):
+        run(producer, inputs)
+    assert producer.outputs() == []
+
+
+def test_progress_of_another_plan_is_refused() -> None:
+    with pytest.raises(InputOrderError, match="the plan changed"):
+        run(FakeProducer(), records(100, 101), SliceProgress(3, 100, 150, 120))
