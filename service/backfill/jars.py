@@ -9,19 +9,16 @@ touches the network. Jars PySpark already ships are dropped: Spark's own copy wi
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import logging
 import os
 import re
 import shutil
 import subprocess
-import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from service.cache import cache_root, install_once, installed
 from service.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -29,7 +26,6 @@ log = logging.getLogger(__name__)
 POM = Path(__file__).resolve().parents[2] / "deploy" / "spark" / "pom.xml"
 CONNECTOR = "spark-sql-kafka-0-10_2.13"
 TOKEN_PROVIDER = "spark-token-provider-kafka-0-10_2.13"
-_MARKER = ".complete"
 _VERSION_SUFFIX = re.compile(r"-\d[\w.+-]*\.jar$")
 
 
@@ -43,11 +39,6 @@ def spark_version() -> str:
     return str(pyspark.__version__)
 
 
-def cache_root() -> Path:
-    configured = os.environ.get("TXSTAGE_CACHE_DIR")
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "txstage"
-
-
 def jars_dir(version: str | None = None) -> Path:
     return cache_root() / f"spark-{version or spark_version()}" / "jars"
 
@@ -57,11 +48,13 @@ def ensure_jars(version: str | None = None) -> list[Path]:
     missing. Raises JarResolutionError with Maven's output when that fails."""
     version = version or spark_version()
     target, fingerprint = jars_dir(version), _fingerprint(version)
-    if not _installed(target, fingerprint):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with _file_lock(target.parent / ".jars.lock"):
-            if not _installed(target, fingerprint):
-                _install(target, version, fingerprint)
+    if not installed(target, fingerprint):
+        mvn = shutil.which(os.environ.get("TXSTAGE_MVN", "mvn"))
+        if mvn is None:
+            raise ConfigError("`mvn` not found on PATH: Maven resolves Spark's Kafka connector "
+                              f"once into {target.parent} (or set TXSTAGE_MVN)")
+        install_once(target, fingerprint, lambda staging: _build(mvn, staging, version),
+                     lock_name=".jars.lock")
     return sorted(target.glob("*.jar"))
 
 
@@ -74,29 +67,9 @@ def _fingerprint(version: str) -> str:
     return hashlib.sha256(POM.read_bytes() + version.encode()).hexdigest()
 
 
-def _installed(target: Path, fingerprint: str) -> bool:
-    marker = target / _MARKER
-    return marker.is_file() and marker.read_text().strip() == fingerprint
-
-
-def _install(target: Path, version: str, fingerprint: str) -> None:
-    mvn = shutil.which(os.environ.get("TXSTAGE_MVN", "mvn"))
-    if mvn is None:
-        raise ConfigError("`mvn` not found on PATH: Maven resolves Spark's Kafka connector "
-                          f"once into {target.parent} (or set TXSTAGE_MVN)")
-    staging = Path(tempfile.mkdtemp(prefix=".jars-", dir=target.parent))
-    try:
-        _resolve(mvn, staging, version)
-        _drop_shipped(staging)
-        (staging / _MARKER).write_text(fingerprint + "\n")
-        staging.chmod(0o755)  # mkdtemp made it private; the jars are not secrets
-        if target.exists():
-            stale = target.with_name(f".stale-{uuid.uuid4().hex[:8]}")
-            target.rename(stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+def _build(mvn: str, staging: Path, version: str) -> None:
+    _resolve(mvn, staging, version)
+    _drop_shipped(staging)
 
 
 def _resolve(mvn: str, out: Path, version: str) -> None:
@@ -152,11 +125,3 @@ def _artifact(name: str) -> str:
     return _VERSION_SUFFIX.sub("", name)
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

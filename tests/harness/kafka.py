@@ -21,7 +21,6 @@ import argparse
 import atexit
 import base64
 import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -43,6 +42,7 @@ from typing import Protocol
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from service.cache import cache_root, install_once, installed
 from tests.harness.reading import (
     ReadRecord,
     committed_offsets,
@@ -75,7 +75,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 POM = REPO_ROOT / "deploy" / "local" / "pom.xml"
 LOG4J_CONFIG = REPO_ROOT / "deploy" / "local" / "log4j2.properties"
 
-_MARKER = ".complete"
 _STARTED_LINE = b"Kafka Server started"
 _HOST = "127.0.0.1"
 
@@ -124,12 +123,6 @@ class RunningKafka:
 # --------------------------------------------------------------------------------- install
 
 
-def cache_root() -> Path:
-    """``$TXSTAGE_CACHE_DIR`` or ``~/.cache/txstage``."""
-    configured = os.environ.get("TXSTAGE_CACHE_DIR")
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "txstage"
-
-
 def install_dir() -> Path:
     return cache_root() / f"kafka-{KAFKA_VERSION}"
 
@@ -141,11 +134,6 @@ def _install_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def _is_installed(target: Path, fingerprint: str) -> bool:
-    marker = target / _MARKER
-    return marker.is_file() and marker.read_text().strip() == fingerprint
-
-
 def install(*, quiet: bool = True) -> Path:
     """Resolve the broker's jars if missing and return the ``libs`` directory.
 
@@ -155,28 +143,17 @@ def install(*, quiet: bool = True) -> Path:
     """
     target = install_dir()
     fingerprint = _install_fingerprint()
-    if _is_installed(target, fingerprint):
+    if installed(target, fingerprint):
         return target / "libs"
     mvn = shutil.which("mvn")
     if mvn is None:
         raise KafkaHarnessError("`mvn` not found on PATH: Maven is needed to resolve Kafka jars")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.parent / f".kafka-{KAFKA_VERSION}.lock"):
-        if _is_installed(target, fingerprint):
-            return target / "libs"
-        staging = Path(tempfile.mkdtemp(prefix=f".kafka-{KAFKA_VERSION}-", dir=target.parent))
-        try:
-            _resolve_jars(mvn, staging / "libs", quiet=quiet)
-            staging.chmod(0o755)  # mkdtemp makes it private
-            shutil.copy2(LOG4J_CONFIG, staging / "log4j2.properties")
-            (staging / _MARKER).write_text(fingerprint + "\n")
-            if target.exists():
-                stale = target.with_name(f".{target.name}-stale-{uuid.uuid4().hex[:8]}")
-                target.rename(stale)
-                shutil.rmtree(stale, ignore_errors=True)
-            staging.rename(target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+
+    def build(staging: Path) -> None:
+        _resolve_jars(mvn, staging / "libs", quiet=quiet)
+        shutil.copy2(LOG4J_CONFIG, staging / "log4j2.properties")
+
+    install_once(target, fingerprint, build, lock_name=f".kafka-{KAFKA_VERSION}.lock")
     return target / "libs"
 
 
@@ -196,19 +173,6 @@ def _resolve_jars(mvn: str, libs: Path, *, quiet: bool) -> None:
         raise KafkaHarnessError(f"Maven could not resolve Kafka {KAFKA_VERSION}:\n{output}")
     if not (libs / f"kafka_2.13-{KAFKA_VERSION}.jar").is_file():
         raise KafkaHarnessError(f"Maven finished but kafka_2.13-{KAFKA_VERSION}.jar is missing")
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-# ---------------------------------------------------------------------------------- config
 
 
 def kafka_uuid() -> str:
