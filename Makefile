@@ -24,7 +24,7 @@ lint: install
 test: install lint
 	$(PY) -m tests.harness.kafka install
 	$(PY) -m service.backfill jars >/dev/null
-	$(PY) -m pytest $(PYTEST_ARGS)
+	TXSTAGE_PROMTOOL="$$(bash deploy/tools/promtool.sh)" $(PY) -m pytest $(PYTEST_ARGS)
 
 unit: install
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
