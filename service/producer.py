@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
@@ -196,7 +197,9 @@ class PinnedProducer:
         if not self.closed:
             self.closed = True
             try:
-                self._producer.close()
+                with warnings.catch_warnings():  # "abort failed during close": known, fenced
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    self._producer.close()
             except KafkaException as exc:  # a fenced producer says so again; nothing to do
                 log.debug("producer.closed_after_error", transactional_id=self.transactional_id,
                           error=str(exc))

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Literal, Self
 
+from dotenv import dotenv_values
 from pydantic import (
     Field,
     SecretStr,
@@ -152,7 +154,8 @@ def _passthrough(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the settings; every problem becomes one line of a ConfigError."""
-    env = dict(os.environ if environ is None else environ)
+    # The real environment wins over .env, as pydantic-settings does for the rest.
+    env = environment() if environ is None else dict(environ)
     scoped = {k: v for k, v in env.items()
               if not any(k.upper().startswith(p) for p in PASSTHROUGH_PREFIXES.values())}
     try:
@@ -162,6 +165,13 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     except ValidationError as exc:
         lines = [line for error in exc.errors() for line in _describe(error).split("; ")]
         raise ConfigError(*lines) from None
+
+
+def environment(cwd: Path | None = None) -> dict[str, str]:
+    """``os.environ`` over ``.env``: what the stage and the backfill read settings from."""
+    dotenv = (cwd or Path.cwd()) / ".env"
+    found = dotenv_values(dotenv) if dotenv.is_file() else {}
+    return {**{k: v for k, v in found.items() if v is not None}, **os.environ}
 
 
 def _from_mapping(env: Mapping[str, str], passthrough: dict[str, dict[str, str]]) -> Settings:

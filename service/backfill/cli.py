@@ -17,6 +17,7 @@ from service.backfill import config, jars, parity, plan
 from service.backfill.specs import KafkaSource, parse_sink, parse_source
 from service.errors import ConfigError
 from service.lineage import Lineage
+from service.settings import environment
 
 PROG = "txstage backfill"
 COMMANDS = ("run", "verify", "jars")
@@ -65,7 +66,7 @@ def _configure_logging() -> None:
         return
     from service.logs import configure_logging
 
-    env = config.environment()
+    env = environment()
     fmt = env.get("TXSTAGE_LOG_FORMAT", "console")
     configure_logging("json" if fmt == "json" else "console", env.get("TXSTAGE_LOG_LEVEL",
                                                                         "INFO"))
@@ -131,7 +132,7 @@ def _run(args: list[str]) -> int:
         master=ns.master, spark_conf=_pairs(ns.conf, "--conf"),
         reader_options=_pairs(ns.reader_option, "--reader-option"),
         progress_interval_s=ns.progress_interval)
-    return job.run(config.build(flags, config.environment()))
+    return job.run(config.build(flags, environment()))
 
 
 # -- verify ------------------------------------------------------------------------------
@@ -156,7 +157,7 @@ def verify_parser() -> argparse.ArgumentParser:
 
 def _verify(args: list[str]) -> int:
     ns = verify_parser().parse_args(args)
-    env = config.environment()
+    env = environment()
     bootstrap = ns.bootstrap_servers or env.get("TXSTAGE_BOOTSTRAP_SERVERS")
     if ns.job_id and ns.within:
         raise ConfigError("give --job-id or --within, not both")

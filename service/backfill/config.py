@@ -10,10 +10,8 @@ stage-only required fields are derived from the job: ``group_id`` =
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from service.backfill import plan
 from service.backfill.specs import FileSource, KafkaSink, KafkaSource, Sink, Source
@@ -74,15 +72,6 @@ class JobConfig:
     def kafka(self) -> Settings:
         assert self.settings is not None, "a Kafka source or sink has settings"
         return self.settings
-
-
-def environment(cwd: Path | None = None) -> dict[str, str]:
-    """``os.environ`` over ``.env`` (the stage reads both the same way)."""
-    from dotenv import dotenv_values
-
-    dotenv = Path(cwd or Path.cwd()) / ".env"
-    found = dotenv_values(dotenv) if dotenv.is_file() else {}
-    return {**{k: v for k, v in found.items() if v is not None}, **os.environ}
 
 
 def build(flags: Flags, env: Mapping[str, str]) -> JobConfig:

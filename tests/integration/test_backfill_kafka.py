@@ -18,6 +18,7 @@ from service.backfill.plan import Slice
 from service.backfill.specs import parse_sink, parse_source
 from service.errors import FencedError
 from service.examples.square import square
+from service.settings import environment
 from service.verify import expected_outputs, read_topics
 from tests.harness.reading import end_offsets, read_uncommitted
 from tests.integration.backfill_faults import CRASH_AT
@@ -129,7 +130,7 @@ def test_an_older_attempt_still_running_is_fenced_and_publishes_nothing(
     inputs = read_topics(backfill.bootstrap, [source])
     flags = config.Flags(parse_source(f"kafka://{source}"), parse_sink(f"kafka://{out}"),
                          job_id="zombie", dlq_topic="", transaction_records=20)
-    job_config = config.build(flags, config.environment())
+    job_config = config.build(flags, environment())
     progress.ensure_topic(kafka_clients.admin(job_config.kafka()), job_config.progress_topic)
     piece = Slice(0, source, 0, 0, 100)
     sink = tasks.KafkaSinkJob(

@@ -80,3 +80,18 @@ def test_passthrough_secrets_are_not_shown() -> None:
     settings = load_settings({**BASE, "TXSTAGE_KAFKA__SASL_PASSWORD": "hunter2"})
     assert "hunter2" not in repr(settings)
     assert producer_config(settings, None)["sasl.password"] == "hunter2"
+
+
+def test_dotenv_carries_passthrough_and_the_environment_wins(
+        tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pathlib import Path
+
+    directory = Path(str(tmp_path))
+    (directory / ".env").write_text(
+        "".join(f"{k}={v}\n" for k, v in BASE.items())
+        + "TXSTAGE_KAFKA__SASL_USERNAME=from-dotenv\nTXSTAGE_GROUP_ID=dotenv-group\n")
+    monkeypatch.chdir(directory)
+    monkeypatch.setenv("TXSTAGE_GROUP_ID", "env-group")
+    settings = load_settings()
+    assert settings.kafka["sasl.username"].get_secret_value() == "from-dotenv"
+    assert settings.group_id == "env-group"
