@@ -19,16 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-import tempfile
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from bench.common import ensure_topics
-from bench.throughput import TRANSFORM, broker, machine, measure, workload
+from bench.throughput import TRANSFORM, broker, measure, start_run, workload
 from service.backfill import config, parity
 from service.backfill.job import Outcome, execute
 from service.backfill.specs import parse_sink, parse_source
@@ -83,11 +79,7 @@ def check(bootstrap: str, stream_output: str, output: str) -> parity.ParityRepor
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    say: Callable[[str], None] = (lambda line: print(line, file=sys.stderr, flush=True)) \
-        if args.json else (lambda line: print(line, flush=True))
-    run_id = uuid.uuid4().hex[:6]
-    log_dir = Path(tempfile.mkdtemp(prefix=f"txstage-bench-backfill-{run_id}-"))
-    info = machine()
+    say, run_id, log_dir, info = start_run("txstage-bench-backfill", json_output=args.json)
     say(f"txstage backfill bench {run_id}: {args.records:,} records x {args.value_bytes} B, "
         f"{args.partitions} partitions, {args.master}, {info['cpus']} CPUs, "
         f"load {info['loadavg_at_start']}")

@@ -442,12 +442,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def run(args: argparse.Namespace) -> int:
-    say: Callable[[str], None] = (lambda line: print(line, file=sys.stderr, flush=True)) \
-        if args.json else (lambda line: print(line, flush=True))
+def start_run(name: str, *, json_output: bool) -> tuple[Callable[[str], None], str,
+                                                       Path, dict[str, object]]:
+    """Progress printer (stderr when stdout carries JSON), run id, log dir, machine facts."""
+    def say(line: str) -> None:
+        print(line, file=sys.stderr if json_output else sys.stdout, flush=True)
+
     run_id = uuid.uuid4().hex[:6]
-    log_dir = Path(tempfile.mkdtemp(prefix=f"txstage-bench-{run_id}-"))
-    info = machine()
+    log_dir = Path(tempfile.mkdtemp(prefix=f"{name}-{run_id}-"))
+    return say, run_id, log_dir, machine()
+
+
+def run(args: argparse.Namespace) -> int:
+    say, run_id, log_dir, info = start_run("txstage-bench", json_output=args.json)
     say(f"txstage bench {run_id}: {args.records:,} records x {args.value_bytes} B, "
         f"{args.partitions} partitions, commit interval {args.commit_interval_ms} ms, "
         f"{info['cpus']} CPUs, load {info['loadavg_at_start']}; logs in {log_dir}")
