@@ -91,11 +91,16 @@ def _run(settings: Settings) -> int:
         return EXIT_POISON
     except Exception as exc:
         health.fatal(str(exc))
-        log.exception("stage.failed", error=str(exc))
+        log.exception("stage.failed", error=_describe(exc))
         return EXIT_FATAL
     finally:
         server.close()
     return EXIT_OK
+
+
+def _describe(exc: BaseException) -> str:
+    """The message and its notes (which coordinates, which output failed)."""
+    return "; ".join([str(exc), *getattr(exc, "__notes__", ())])
 
 
 def _install_signal_handlers(stage: Stage) -> None:

@@ -277,6 +277,7 @@ class Stage:
 
     def _abort(self, task: PartitionTask, reason: str, cause: BaseException) -> None:
         """Abort the partition's transaction and rewind to its first offset."""
+        last = task.txn.next_offset - 1 if task.txn is not None else None
         try:
             first = task.abort()
         except FencedError as exc:
@@ -287,8 +288,10 @@ class Stage:
         log.warning("transaction.aborted", topic=task.topic, partition=task.partition,
                     transactional_id=task.transactional_id, reason=reason, rewind_to=first,
                     streak=task.abort_streak, error=str(cause))
-        if task.abort_streak >= _MAX_ABORT_STREAK:
-            raise cause  # the same input keeps failing: let the orchestrator see it
+        if task.abort_streak >= _MAX_ABORT_STREAK:  # the same input keeps failing
+            cause.add_note(f"{task.topic}/{task.partition}: {task.abort_streak} aborts in a row; "
+                           f"the last covered input offsets {first}..{last}")
+            raise cause
         if first is not None:
             self._rewind(task, first)
         if task.abort_streak > 1:  # the first retry is immediate; later ones back off

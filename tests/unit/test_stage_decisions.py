@@ -147,11 +147,13 @@ def test_repeated_aborts_back_off_then_fail(stage: Stage) -> None:
     producer.commit.side_effect = error(AbortableError, KafkaError.INVALID_RECORD,
                                         txn_requires_abort=True)
     consumer: MagicMock = stage.consumer  # type: ignore[assignment]
-    with pytest.raises(AbortableError):
+    with pytest.raises(AbortableError) as caught:
         for _ in range(20):
             open_transaction(stage)
             commit(stage)
     assert producer.abort.call_count == 10
+    assert "in/0: 10 aborts in a row; the last covered input offsets 10..14" in \
+        caught.value.__notes__
     assert consumer.pause.called  # backoff between attempts
 
 
