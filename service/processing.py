@@ -46,6 +46,26 @@ class Result:
         return self.error is not None
 
 
+class OutputRefusedError(ValueError):
+    """The broker refused an output of this record (e.g. a keyless record for a
+    compacted topic): retrying cannot help, the record is poison."""
+
+
+def refused(record: Record, error: OutputRefusedError, dlq_topic: str | None) -> Result:
+    """The dead letter for a record whose outputs the broker refused; raises
+    PoisonRecordError without a dead-letter topic (the same policy as a failing transform)."""
+    if not dlq_topic:
+        raise PoisonRecordError(record.topic, record.partition, record.offset, error)
+    return _dead_letter(record, error, dlq_topic)
+
+
+def _dead_letter(record: Record, error: BaseException, dlq_topic: str) -> Result:
+    letter = dead_letter(record, error, dlq_topic)
+    src = lineage.source_of(record.topic, record.partition, record.offset)
+    headers = lineage.stamp(letter.headers, src, 0)
+    return Result([Produced(dlq_topic, letter.key, letter.value, headers)], error)
+
+
 def size_of(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> int:
     return (len(key or b"") + len(value or b"") + FRAMING_BYTES
             + sum(len(name) + len(data) for name, data in headers))
@@ -71,9 +91,7 @@ def process(
     except Exception as exc:
         if not dlq_topic:
             raise PoisonRecordError(record.topic, record.partition, record.offset, exc) from exc
-        letter = dead_letter(record, exc, dlq_topic)
-        headers = lineage.stamp(letter.headers, src, 0)
-        return Result([Produced(dlq_topic, letter.key, letter.value, headers)], exc)
+        return _dead_letter(record, exc, dlq_topic)
     return Result(outputs)
 
 

@@ -33,7 +33,7 @@ from service.logs import librdkafka_logger
 from service.messages import to_record
 from service.metrics import Metrics
 from service.pool import CommitOutcome, ProducerPool, TopicPartitionKey
-from service.processing import process
+from service.processing import OutputRefusedError, process, refused
 from service.records import Transform
 from service.settings import Settings
 from service.task import PartitionTask
@@ -118,6 +118,8 @@ class Stage:
             if task.committing is not None:
                 self._hold(task, msg)
                 continue
+            if task.isolate_until is not None and self._one_at_a_time(task, msg):
+                continue
             record = to_record(msg)
             offset = record.offset
             if task.position is None:
@@ -125,8 +127,13 @@ class Stage:
             consumed += 1
             started = time.perf_counter()
             try:
-                result = process(self.transform, record, default_topic=settings.output_topic,
-                                 dlq_topic=settings.dlq_topic or None, max_bytes=self.max_bytes)
+                if offset in task.refused:
+                    result = refused(record, OutputRefusedError(task.refused[offset]),
+                                     settings.dlq_topic or None)
+                else:
+                    result = process(self.transform, record, default_topic=settings.output_topic,
+                                     dlq_topic=settings.dlq_topic or None,
+                                     max_bytes=self.max_bytes)
             except PoisonRecordError as exc:
                 self._poison(task, exc)
                 continue
@@ -181,6 +188,20 @@ class Stage:
         if len(task.backlog) >= _BACKLOG_LIMIT and not task.paused_for_backlog:
             task.paused_for_backlog = True
             self.consumer.pause([TopicPartition(task.topic, task.partition)])
+
+    def _one_at_a_time(self, task: PartitionTask, msg: Message) -> bool:
+        """Below ``isolate_until`` a transaction holds one record, so the next refusal
+        names its record. True when ``msg`` must wait for the open one to commit."""
+        isolate_until = task.isolate_until
+        assert isolate_until is not None
+        if int(msg.offset() or 0) >= isolate_until:
+            task.isolate_until = None  # past the range that held the refused output
+            return False
+        if task.txn is None:
+            return False
+        task.commit_now = True
+        self._hold(task, msg)
+        return True
 
     def _collect_commits(self, *, wait: bool = False,
                          keys: set[TopicPartitionKey] | None = None, settle: bool = False) -> None:
@@ -255,6 +276,8 @@ class Stage:
         task, txn, error = outcome.task, outcome.committed, outcome.error
         task.commit_now = False
         if txn is not None:
+            if task.refused:
+                task.refused = {o: e for o, e in task.refused.items() if o >= txn.next_offset}
             self.metrics.commit_seconds.observe(outcome.seconds)
             self.metrics.committed.inc()
             self.metrics.records_per_transaction.observe(txn.records)
@@ -278,6 +301,7 @@ class Stage:
     def _abort(self, task: PartitionTask, reason: str, cause: BaseException) -> None:
         """Abort the partition's transaction and rewind to its first offset."""
         last = task.txn.next_offset - 1 if task.txn is not None else None
+        records = task.txn.records if task.txn is not None else 0
         try:
             first = task.abort()
         except FencedError as exc:
@@ -292,10 +316,26 @@ class Stage:
             cause.add_note(f"{task.topic}/{task.partition}: {task.abort_streak} aborts in a row; "
                            f"the last covered input offsets {first}..{last}")
             raise cause
+        if first is not None and last is not None and _refusal(cause):
+            self._find_refused(task, first, last, records, cause)
         if first is not None:
             self._rewind(task, first)
         if task.abort_streak > 1:  # the first retry is immediate; later ones back off
             self._back_off(task, task.abort_streak - 1)
+
+    def _find_refused(self, task: PartitionTask, first: int, last: int, records: int,
+                      cause: BaseException) -> None:
+        """The broker refused an output. Alone in its transaction, the record is the
+        culprit: it will be dead-lettered (or fail the replica without a DLQ). Among
+        others, redo the range one record per transaction to find it."""
+        if records == 1:
+            task.refused[first] = str(cause)
+            log.warning("record.output_refused", topic=task.topic, partition=task.partition,
+                        offset=first, transactional_id=task.transactional_id, error=str(cause))
+        else:
+            task.isolate_until = max(task.isolate_until or 0, last + 1)
+            log.warning("partition.isolating", topic=task.topic, partition=task.partition,
+                        transactional_id=task.transactional_id, offsets=f"{first}..{last}")
 
     def _fenced(self, task: PartitionTask, error: KafkaOperationError) -> None:
         """Another producer owns this transactional.id now: never publish under it again.
@@ -521,6 +561,17 @@ class Stage:
         except Exception as exc:
             log.warning("consumer.close_failed", error=str(exc))
         self.pool.shutdown()
+
+
+# Broker answers that refuse a record itself: retrying the same outputs cannot help.
+_REFUSALS = frozenset({
+    KafkaError.INVALID_RECORD, KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.INVALID_TIMESTAMP, KafkaError.POLICY_VIOLATION,
+})
+
+
+def _refusal(cause: BaseException) -> bool:
+    return isinstance(cause, KafkaOperationError) and cause.code in _REFUSALS
 
 
 def _names(keys: list[TopicPartitionKey]) -> list[str]:

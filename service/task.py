@@ -58,6 +58,10 @@ class PartitionTask:
         self.committing: Future[CommitOutcome] | None = None  # commit running on the pool
         self.backlog: list[Message] = []  # records that arrived while committing, in order
         self.paused_for_backlog = False
+        # After the broker refused an output: one record per transaction below
+        # isolate_until, to find the record; refused: offset -> what the broker said.
+        self.isolate_until: int | None = None
+        self.refused: dict[int, str] = {}
         self.discard_batch = False     # rewound: drop the rest of this consume batch
         self.fenced_at: float | None = None  # monotonic time the producer was fenced
         self.resume_at: float | None = None  # paused for backoff until then

@@ -12,7 +12,7 @@ from tests.harness.admin import partition_leaders
 from tests.harness.reading import read_committed
 from tests.integration.conftest import PARTITIONS, StageSetup
 from tests.integration.replicas import produce_inputs, wait_for
-from tests.integration.transforms import square_unless_big
+from tests.integration.transforms import square_unless_big, square_unless_refused
 
 pytestmark = pytest.mark.kafka
 
@@ -49,3 +49,20 @@ def test_leader_kill_in_a_three_node_cluster(cluster3: object, stage_on: object)
     cluster3.restart(leader)  # type: ignore[attr-defined]
     stage.assert_exactly_once()
     assert {first.terminate(), second.terminate()} == {0}
+
+
+def test_a_record_whose_output_the_broker_always_refuses_is_found_and_dead_lettered(
+        stage: StageSetup, new_topic: object) -> None:
+    compacted = new_topic(1, {"cleanup.policy": "compact"}, prefix="compact")  # type: ignore[operator]
+    replica = stage.replica("a", TEST_COMPACTED_TOPIC=compacted, TXSTAGE_TRANSFORM=(
+        "tests.integration.transforms:square_with_refused_outputs"))
+    produce_inputs(stage.bootstrap, stage.input_topic, range(1_600), PARTITIONS)
+    stage.wait_committed(120)
+    report = stage.verify(square_unless_refused)
+    assert report.ok, report.problems()
+    letters = read_committed(stage.bootstrap, stage.dlq_topic)
+    assert sorted(int(letter.header("txstage.error.offset") or b"-1") for letter in letters) \
+        == sorted([42, 142] * PARTITIONS)
+    assert {letter.header(ERROR_CLASS) for letter in letters} == {b"OutputRefusedError"}
+    assert replica.events("partition.isolating") and replica.events("record.output_refused")
+    assert replica.terminate() == 0

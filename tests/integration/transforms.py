@@ -64,3 +64,19 @@ def square_unless_big(record: Record) -> Iterator[Output]:
     if record.offset % 10 == 3:
         raise ValueError("too large")
     yield from square(record)
+
+
+def square_with_refused_outputs(record: Record) -> Iterator[Output]:
+    """Square, but every record at an offset ending in 42 also writes a keyless record
+    to a compacted topic, on every attempt: the broker always refuses it. Retrying
+    cannot help; the stage must find that record and dead-letter it."""
+    yield from square(record)
+    if record.offset % 100 == 42:
+        yield Output(value=b"no key", key=None, topic=os.environ["TEST_COMPACTED_TOPIC"])
+
+
+def square_unless_refused(record: Record) -> Iterator[Output]:
+    """What the stage must write for square_with_refused_outputs."""
+    if record.offset % 100 == 42:
+        raise ValueError("refused by the broker")
+    yield from square(record)

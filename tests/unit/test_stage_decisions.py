@@ -209,3 +209,23 @@ def fake_message(offset: int) -> MagicMock:
     msg.key.return_value, msg.value.return_value = b"k", str(offset).encode()
     msg.headers.return_value = None
     return msg
+
+
+@pytest.mark.parametrize(
+    ("code", "records", "refused", "isolating"),
+    [
+        (KafkaError.INVALID_RECORD, 5, {}, True),     # among others: find it, one at a time
+        (KafkaError.INVALID_RECORD, 1, {10: "x"}, False),  # alone: it is the culprit
+        (KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, 1, {}, False),  # librdkafka's epoch bump
+    ],
+)
+def test_a_refused_output_is_traced_to_its_record(stage: Stage, code: int, records: int,
+                                                  refused: dict[int, str],
+                                                  isolating: bool) -> None:
+    producer = open_transaction(stage, 10, 10 + records - 1)
+    producer.commit.side_effect = error(AbortableError, code, txn_requires_abort=True)
+    commit(stage)
+    task = stage.pool.get(("in", 0))
+    assert task is not None
+    assert set(task.refused) == set(refused)
+    assert (task.isolate_until == 10 + records) is isolating
