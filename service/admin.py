@@ -3,8 +3,6 @@ the broker's transaction time-out ceiling. All AdminClient use lives here."""
 
 from __future__ import annotations
 
-import threading
-
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
@@ -21,12 +19,10 @@ class UnknownTopicError(LookupError):
 
 
 class Cluster:
-    """A thin, cached view of the cluster through one AdminClient."""
+    """A thin view of the cluster through one AdminClient (OutputLimits caches)."""
 
     def __init__(self, config: Config) -> None:
         self._admin = AdminClient(config)
-        self._lock = threading.Lock()
-        self._topic_configs: dict[str, dict[str, str]] = {}
 
     def existing_topics(self) -> set[str]:
         try:
@@ -35,14 +31,7 @@ class Cluster:
             raise translate(exc, Where("list_topics")) from exc
 
     def topic_config(self, topic: str) -> dict[str, str]:
-        with self._lock:
-            cached = self._topic_configs.get(topic)
-        if cached is not None:
-            return cached
-        config = self._describe(ConfigResource(ConfigResource.Type.TOPIC, topic), topic)
-        with self._lock:
-            self._topic_configs[topic] = config
-        return config
+        return self._describe(ConfigResource(ConfigResource.Type.TOPIC, topic), topic)
 
     def broker_config(self) -> dict[str, str]:
         metadata = self._admin.list_topics(timeout=_TIMEOUT_S)

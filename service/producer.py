@@ -2,7 +2,7 @@
 
 One instance stands for one input partition (``transactional.id`` =
 ``<prefix>.<topic>.<partition>``). Every librdkafka call goes through
-``errors.translated`` so callers see txstage's error classes; retriable errors
+``errors.translate`` so callers see txstage's error classes; retriable errors
 are retried here, with the same arguments, until ``deadline_s`` runs out.
 """
 
@@ -26,7 +26,6 @@ from service.errors import (
     Where,
     classify,
     translate,
-    translated,
 )
 from service.kafka_config import Config
 from service.processing import Produced
@@ -224,8 +223,11 @@ class SharedWriter:
         pass
 
     def produce(self, out: Produced, offset: int) -> None:
-        with translated(Where("produce", None, self.topic, self.partition, offset)):
+        try:  # the hot path: nothing built unless it fails
             produce(self._producer, out)
+        except KafkaException as exc:
+            raise translate(exc, Where("produce", None, self.topic, self.partition, offset)) \
+                from exc
 
     def abort(self) -> None:
         pass
