@@ -104,3 +104,19 @@ def test_poison_records_go_to_the_dead_letter_topic_exactly_once(stage: StageSet
     letters = [e for e in replica.events("record.dead_lettered")]
     assert len(letters) == len(bad)
     assert replica.terminate() == 0
+
+
+def test_at_least_once_mode_loses_nothing(stage: StageSetup) -> None:
+    replica = stage.replica("a", TXSTAGE_GUARANTEE="at_least_once")
+    produce_inputs(stage.bootstrap, stage.input_topic, range(3_000), PARTITIONS,
+                   value=lambda i: b"bad" if i % 1000 == 5 else str(i).encode())
+    stage.wait_committed()
+    report = stage.verify()
+    # Duplicates are allowed in this mode; loss, foreign outputs and lag are not.
+    assert not (report.missing or report.unexpected or report.mismatched or report.behind), \
+        report.problems()
+    assert report.expected == 3_000
+    assert 'txstage_build_info{group_id' in replica.metrics() and \
+        'guarantee="at_least_once"' in replica.metrics()
+    assert not replica.events("producer.ready"), "no transactional producers in this mode"
+    assert replica.terminate() == 0
