@@ -3,11 +3,13 @@ the broker's transaction time-out ceiling. All AdminClient use lives here."""
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaException
+import threading
+
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
-from service.errors import Where, translate
+from service.errors import RetriableError, Where, translate
 from service.kafka_config import Config
 
 _TIMEOUT_S = 15.0
@@ -19,10 +21,14 @@ class UnknownTopicError(LookupError):
 
 
 class Cluster:
-    """A thin view of the cluster through one AdminClient (OutputLimits caches)."""
+    """A thin, cached view of the cluster through one AdminClient. The cache matters:
+    the start-up checks describe the output and dead-letter topics, so the running
+    stage never needs the admin API for them (during a broker failure it may hang)."""
 
     def __init__(self, config: Config) -> None:
         self._admin = AdminClient(config)
+        self._lock = threading.Lock()
+        self._topic_configs: dict[str, dict[str, str]] = {}
 
     def existing_topics(self) -> set[str]:
         try:
@@ -31,7 +37,14 @@ class Cluster:
             raise translate(exc, Where("list_topics")) from exc
 
     def topic_config(self, topic: str) -> dict[str, str]:
-        return self._describe(ConfigResource(ConfigResource.Type.TOPIC, topic), topic)
+        with self._lock:
+            cached = self._topic_configs.get(topic)
+        if cached is not None:
+            return cached
+        config = self._describe(ConfigResource(ConfigResource.Type.TOPIC, topic), topic)
+        with self._lock:
+            self._topic_configs[topic] = config
+        return config
 
     def broker_config(self) -> dict[str, str]:
         metadata = self._admin.list_topics(timeout=_TIMEOUT_S)
@@ -40,12 +53,16 @@ class Cluster:
 
     def _describe(self, resource: ConfigResource, topic: str | None) -> dict[str, str]:
         future = self._admin.describe_configs([resource])[resource]
+        where = Where("describe_configs", topic=topic)
         try:
             entries = future.result(timeout=_TIMEOUT_S)
+        except TimeoutError as exc:  # the cluster's failure, never the record's
+            raise RetriableError(where, KafkaError(
+                KafkaError._TIMED_OUT, f"no answer within {_TIMEOUT_S} s", retriable=True)) from exc
         except KafkaException as exc:
             if topic is not None and "UNKNOWN_TOPIC" in str(exc):
                 raise UnknownTopicError(f"topic {topic!r} does not exist") from exc
-            raise translate(exc, Where("describe_configs", topic=topic)) from exc
+            raise translate(exc, where) from exc
         return {name: entry.value for name, entry in entries.items()}
 
 

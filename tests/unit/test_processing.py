@@ -80,3 +80,18 @@ def test_wrong_output_types_are_rejected() -> None:
         yield "a string"
 
     assert isinstance(run(wrong).error, TypeError)  # type: ignore[arg-type]
+
+
+def test_a_cluster_failure_looking_up_a_limit_is_never_blamed_on_the_record() -> None:
+    from unittest.mock import MagicMock
+
+    from service.admin import Cluster, OutputLimits
+    from service.errors import KafkaOperationError
+
+    cluster = Cluster({"bootstrap.servers": "127.0.0.1:1"})
+    future = MagicMock()
+    future.result.side_effect = TimeoutError()  # what concurrent.futures raises
+    cluster._admin = MagicMock()
+    cluster._admin.describe_configs.side_effect = lambda resources: {resources[0]: future}
+    with pytest.raises(KafkaOperationError):
+        run(square, limit=OutputLimits(cluster, 1_000_000))
