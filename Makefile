@@ -22,7 +22,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: install lint
-	$(PY) -m tests.harness.kafka install
+	$(PY) -m service kafka install
 	$(PY) -m service.backfill jars >/dev/null
 	TXSTAGE_PROMTOOL="$$(bash deploy/tools/promtool.sh)" $(PY) -m pytest $(PYTEST_ARGS)
 
@@ -33,10 +33,10 @@ integration: install
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 kafka-up: install
-	$(PY) -m tests.harness.kafka up
+	$(PY) -m service kafka up
 
 kafka-down: install
-	$(PY) -m tests.harness.kafka down
+	$(PY) -m service kafka down
 
 demo: install
 	$(PY) -m bench.demo

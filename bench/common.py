@@ -1,5 +1,6 @@
 """Helpers shared by the benchmark and the demo: stage processes, /metrics parsing,
-topics and offsets. Plain functions over a bootstrap string; no test framework."""
+topics and offsets. Plain functions over a bootstrap string; no test framework. The
+broker itself comes from the package (:mod:`service.local_kafka`), never from tests/."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +24,8 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewTopic
 from prometheus_client.parser import text_string_to_metric_families
+
+from service.local_kafka.node import free_ports, port_open
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # librdkafka log level of our helper clients: warnings and worse (not the info lines a
@@ -350,12 +352,9 @@ def behind(ends: Mapping[TopicPartitionKey, int],
 
 def free_port() -> int:
     """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def port_taken(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+    """Something listens on 127.0.0.1:``port``."""
+    return port_open(port)

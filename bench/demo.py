@@ -134,10 +134,10 @@ class Reader(threading.Thread):
 
 
 def ensure_broker() -> None:
-    """``python -m tests.harness.kafka up``: installs and starts it if needed (idempotent)."""
-    from tests.harness import kafka as harness
+    """``txstage kafka up``: installs and starts it if needed (idempotent)."""
+    from service.local_kafka.cli import main as local_kafka
 
-    if harness.main(["up"]) != 0:
+    if local_kafka(["up"]) != 0:
         raise SystemExit("demo: the local Kafka could not be started (see above)")
 
 

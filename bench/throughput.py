@@ -401,7 +401,8 @@ def broker(bootstrap: str | None, say: Callable[[str], None]) -> Iterator[str]:
     if bootstrap:
         yield bootstrap
         return
-    from tests.harness.kafka import KAFKA_VERSION, KafkaCluster
+    from service.local_kafka.cluster import KafkaCluster
+    from service.local_kafka.jars import KAFKA_VERSION
 
     with KafkaCluster(nodes=1) as cluster:
         say(f"private Kafka {KAFKA_VERSION} node at {cluster.bootstrap} "

@@ -4,12 +4,13 @@ the broker's transaction time-out ceiling. All AdminClient use lives here."""
 from __future__ import annotations
 
 import threading
+import time
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
-from service.errors import RetriableError, Where, translate
+from service.errors import RetriableError, TopicLimitPending, Where, translate
 from service.kafka_config import Config
 
 _TIMEOUT_S = 15.0
@@ -35,6 +36,28 @@ class Cluster:
             return set(self._admin.list_topics(timeout=_TIMEOUT_S).topics)
         except KafkaException as exc:
             raise translate(exc, Where("list_topics")) from exc
+
+    def committed_offset(self, group_id: str, topic: str, partition: int) -> int:
+        """The group's committed offset of one partition (< 0: none), asked with
+        RequireStable: while a transaction holding offsets for it is still open the
+        broker answers UNSTABLE_OFFSET_COMMIT (retriable) instead of a stale offset.
+
+        A separate client on purpose: a consumer's own committed() called from a
+        second thread waits while its loop thread sits in consume()."""
+        request = ConsumerGroupTopicPartitions(group_id, [TopicPartition(topic, partition)])
+        where = Where("committed", topic=topic, partition=partition)
+        try:
+            future = self._admin.list_consumer_group_offsets(
+                [request], require_stable=True, request_timeout=_TIMEOUT_S)[group_id]
+            [found] = future.result(timeout=_TIMEOUT_S + 5).topic_partitions
+        except TimeoutError as exc:
+            raise RetriableError(where, KafkaError(
+                KafkaError._TIMED_OUT, f"no answer within {_TIMEOUT_S} s", retriable=True)) from exc
+        except KafkaException as exc:
+            raise translate(exc, where) from exc
+        if found.error is not None:
+            raise translate(KafkaException(found.error), where)
+        return int(found.offset)
 
     def topic_config(self, topic: str) -> dict[str, str]:
         with self._lock:
@@ -68,19 +91,53 @@ class Cluster:
 
 class OutputLimits:
     """``topic -> max bytes`` for an output: the smaller of the producer's
-    ``message.max.bytes`` and the topic's ``max.message.bytes``. Raises
-    UnknownTopicError for a topic that does not exist, which dead-letters the
-    record instead of looping on a produce that can never succeed."""
+    ``message.max.bytes`` and the topic's ``max.message.bytes``. A topic that does
+    not exist raises UnknownTopicError, which dead-letters the record instead of
+    looping on a produce that can never succeed; that answer is kept for
+    ``unknown_ttl_s`` so a record per unknown topic does not cost a lookup each.
 
-    def __init__(self, cluster: Cluster, producer_max_bytes: int) -> None:
-        self._cluster = cluster
+    ``blocking=False`` (the stage): a topic not looked up yet raises
+    TopicLimitPending at once; ``resolve`` does the lookup, beside the loop, with
+    retries for the cluster's transient failures."""
+
+    def __init__(self, cluster: Cluster, producer_max_bytes: int, *, blocking: bool = True,
+                 unknown_ttl_s: float = 30.0, deadline_s: float = 60.0) -> None:
+        self.cluster = cluster
         self._producer_max = producer_max_bytes
+        self._blocking = blocking
+        self._unknown_ttl_s = unknown_ttl_s
+        self._deadline_s = deadline_s
         self._known: dict[str, int] = {}  # hot path: one dict lookup per output
+        self._unknown: dict[str, float] = {}  # topic -> monotonic time the answer expires
 
     def __call__(self, topic: str) -> int:
         limit = self._known.get(topic)
-        if limit is None:
-            config = self._cluster.topic_config(topic)
+        if limit is not None:
+            return limit
+        expires = self._unknown.get(topic)
+        if expires is not None and time.monotonic() < expires:
+            raise UnknownTopicError(f"topic {topic!r} does not exist")
+        if not self._blocking:
+            raise TopicLimitPending(topic)
+        self.resolve(topic)
+        return self(topic)
+
+    def resolve(self, topic: str) -> None:
+        """Look the topic's limit up (blocking); retriable failures are retried until
+        the deadline, then raised."""
+        deadline = time.monotonic() + self._deadline_s
+        while True:
+            try:
+                config = self.cluster.topic_config(topic)
+            except UnknownTopicError:
+                self._unknown[topic] = time.monotonic() + self._unknown_ttl_s
+                return
+            except RetriableError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+                continue
             topic_max = int(config.get("max.message.bytes", self._producer_max))
-            limit = self._known[topic] = min(topic_max, self._producer_max)
-        return limit
+            self._known[topic] = min(topic_max, self._producer_max)
+            self._unknown.pop(topic, None)
+            return

@@ -1,5 +1,5 @@
 """The per-user cache of what txstage installs once (jars Maven resolves): the
-Kafka broker for tests and ``make kafka-up``, Spark's Kafka connector."""
+local Kafka broker (:mod:`service.local_kafka`), Spark's Kafka connector."""
 
 from __future__ import annotations
 

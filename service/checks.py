@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from service.admin import DEFAULT_MESSAGE_MAX_BYTES, Cluster
 from service.errors import ConfigError, KafkaOperationError
-from service.kafka_config import producer_config
+from service.kafka_config import consumer_config, producer_config
 from service.settings import Settings
 
 
@@ -59,3 +59,18 @@ def _size_problems(settings: Settings, cluster: Cluster) -> list[str]:
                 f"max.message.bytes={theirs}: set TXSTAGE_PRODUCER__MESSAGE_MAX_BYTES={theirs} "
                 f"or raise the topic's limit")
     return problems
+
+
+def session_timeout_s(settings: Settings, cluster: Cluster) -> float:
+    """How long the group takes to notice a member is gone. A fenced partition is
+    reclaimed only after this long, so a zombie never fences the real owner.
+
+    Classic protocol: the consumer's own ``session.timeout.ms``. Next-generation
+    protocol: the broker's ``group.consumer.session.timeout.ms``."""
+    if settings.group_protocol == "classic":
+        return float(str(consumer_config(settings).get("session.timeout.ms", 45_000))) / 1000
+    try:
+        value = cluster.broker_config().get("group.consumer.session.timeout.ms", "45000")
+    except KafkaOperationError:
+        value = "45000"
+    return float(value) / 1000

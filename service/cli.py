@@ -1,4 +1,4 @@
-"""The ``txstage`` command: run, check-config, backfill.
+"""The ``txstage`` command: run, check-config, backfill, kafka.
 
 Exit codes: 0 done (or stopped by a signal), 1 a fatal runtime error,
 2 bad settings or arguments, 3 a poison record and no dead-letter topic.
@@ -17,7 +17,7 @@ import structlog
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from service.admin import Cluster, OutputLimits
-from service.checks import check_cluster, producer_max_bytes
+from service.checks import check_cluster, producer_max_bytes, session_timeout_s
 from service.errors import ConfigError, PoisonRecordError
 from service.health import Health, publish_readiness, serve
 from service.kafka_config import admin_config
@@ -38,11 +38,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from service.backfill import main as backfill_main  # Spark only when asked for
 
         return int(backfill_main(args[1:]))
+    if args and args[0] == "kafka":
+        from service.local_kafka.cli import main as kafka_main  # its own exit codes
+
+        return kafka_main(args[1:])
     parser = argparse.ArgumentParser(prog="txstage", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("run", help="run the stage (settings from TXSTAGE_* variables)")
     commands.add_parser("check-config", help="validate settings against the cluster, then exit")
     commands.add_parser("backfill", help="reprocess history on PySpark (see docs/backfill.md)")
+    commands.add_parser("kafka", help="a local Kafka broker: install|up|down|status")
     command = parser.parse_args(args).command
     try:
         settings = load_settings()
@@ -78,8 +83,9 @@ def _run(settings: Settings) -> int:
     health = Health(stale_after=settings.health_stale_after_s)
     publish_readiness(health, metrics)
     server = serve(settings.metrics_port, registry, health, host=settings.metrics_host)
-    limits = OutputLimits(cluster, producer_max_bytes(settings))
-    stage = Stage(settings, transform, metrics, health, limits)
+    limits = OutputLimits(cluster, producer_max_bytes(settings), blocking=False)
+    stage = Stage(settings, transform, metrics, health, limits,
+                  session_timeout_s=session_timeout_s(settings, cluster))
     _install_signal_handlers(stage)
     log.info("metrics.serving", port=server.port, paths=["/metrics", "/healthz", "/readyz"])
     try:

@@ -3,6 +3,7 @@
     TxstageError
     ├── ConfigError           bad settings or transform; the CLI exits 2
     ├── PoisonRecordError     a record the transform cannot turn into outputs
+    ├── TopicLimitPending     an output topic's limits are being looked up: retry later
     └── KafkaOperationError   a librdkafka call failed; carries op, partition, code
         ├── RetriableError    retry the same call (a commit time-out is one: never abort)
         ├── AbortableError    abort the transaction, rewind to its first offset
@@ -43,6 +44,15 @@ class PoisonRecordError(TxstageError):
         super().__init__(
             f"poison record {topic}/{partition}@{offset}: {type(cause).__name__}: {cause}"
         )
+
+
+class TopicLimitPending(TxstageError):
+    """An output goes to a topic whose size limit is not known yet. The stage looks
+    it up beside the loop and processes the record again afterwards."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        super().__init__(f"the limits of topic {topic!r} are being looked up")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +115,23 @@ def classify(error: KafkaError) -> type[KafkaOperationError]:
     return FatalError
 
 
+# The group moved on while offsets were sent (a rebalance; under KIP-848 a newer
+# member epoch): those offsets must not commit, but only this partition's
+# transaction is affected: abort it and resume from the committed offset.
+_GROUP_MOVED_ON = frozenset({
+    KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.FENCED_INSTANCE_ID,
+    KafkaError.REBALANCE_IN_PROGRESS, KafkaError.STALE_MEMBER_EPOCH,
+    KafkaError.FENCED_MEMBER_EPOCH,
+})
+
+
 def translate(exc: KafkaException, where: Where) -> KafkaOperationError:
     """Turn a KafkaException into the txstage error that says what to do."""
     error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
     if error is None:
         error = KafkaError(KafkaError._FAIL, str(exc), fatal=True)
+    if where.op == "send_offsets_to_transaction" and error.code() in _GROUP_MOVED_ON:
+        return AbortableError(where, error)
     return classify(error)(where, error)
 
 

@@ -27,11 +27,17 @@ def client_id(settings: Settings, role: str) -> str:
 
 
 def consumer_config(settings: Settings) -> Config:
-    """The input consumer: a group member that only ever sees committed input."""
-    return {
+    """The input consumer: a group member that only ever sees committed input.
+
+    Classic protocol: cooperative-sticky (incremental: only moved partitions lose
+    their producers) and a client-side session. Next-generation protocol
+    (KIP-848): the broker assigns incrementally and owns the session and
+    heartbeat settings, which librdkafka then refuses."""
+    classic = settings.group_protocol == "classic"
+    config: Config = {
         "auto.offset.reset": "earliest",
         "enable.partition.eof": False,
-        "session.timeout.ms": 45_000,
+        **({"session.timeout.ms": 45_000} if classic else {}),
         "max.poll.interval.ms": 300_000,
         "fetch.wait.max.ms": 100,
         "client.id": client_id(settings, "consumer"),
@@ -39,11 +45,14 @@ def consumer_config(settings: Settings) -> Config:
         **_plain(settings.consumer),
         "bootstrap.servers": settings.bootstrap_servers,
         "group.id": settings.group_id,
-        "partition.assignment.strategy": "cooperative-sticky",
+        "group.protocol": settings.group_protocol,
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
     }
+    if classic:
+        config["partition.assignment.strategy"] = "cooperative-sticky"
+    return config
 
 
 def producer_config(settings: Settings, transactional_id: str | None) -> Config:

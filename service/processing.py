@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from service import lineage
 from service.deadletter import dead_letter
-from service.errors import KafkaOperationError, PoisonRecordError
+from service.errors import KafkaOperationError, PoisonRecordError, TopicLimitPending
 from service.records import Output, Record, Transform
 
 # Record batch + record framing the broker counts against max.message.bytes on
@@ -86,8 +86,8 @@ def process(
     src = lineage.source_of(record.topic, record.partition, record.offset)
     try:
         outputs = _resolve(transform(record), src, default_topic, max_bytes)
-    except KafkaOperationError:
-        raise  # the cluster failed us (looking up a topic's limit), not the record
+    except (KafkaOperationError, TopicLimitPending):
+        raise  # the cluster failed us, or must be asked first: not the record's fault
     except Exception as exc:
         if not dlq_topic:
             raise PoisonRecordError(record.topic, record.partition, record.offset, exc) from exc

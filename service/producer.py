@@ -18,6 +18,7 @@ from typing import TypeVar
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from service.delivery import DeliveryFailures, Failure
 from service.errors import (
     AbortableError,
     FatalError,
@@ -36,38 +37,14 @@ T = TypeVar("T")
 _QUEUE_FULL_WAIT_S = 0.05
 
 
-class DeliveryLatch:
-    """Delivery callbacks record the first failure here; the loop thread raises it.
-
-    A librdkafka callback must never raise (it would replace the commit's own
-    error), so it only stores.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._error: KafkaError | None = None
-        self.failures = 0
-
-    def __call__(self, error: KafkaError | None, message: Message) -> None:
-        if error is None:
-            return
-        with self._lock:
-            self.failures += 1
-            if self._error is None:
-                self._error = error
-
-    def take(self) -> KafkaError | None:
-        with self._lock:
-            error, self._error = self._error, None
-            return error
-
-
-def produce(producer: Producer, out: Produced) -> None:
+def produce(producer: Producer, out: Produced,
+            on_delivery: Callable[[KafkaError | None, Message], None] | None = None) -> None:
     """Queue one output; wait (serving callbacks) while the local queue is full."""
+    extra = {} if on_delivery is None else {"on_delivery": on_delivery}
     while True:
         try:
             producer.produce(out.topic, out.value, out.key,
-                             headers=out.headers)  # type: ignore[arg-type]
+                             headers=out.headers, **extra)  # type: ignore[arg-type]
             return
         except BufferError:
             producer.poll(_QUEUE_FULL_WAIT_S)
@@ -81,8 +58,9 @@ class PinnedProducer:
         self.transactional_id = str(config["transactional.id"])
         self.topic, self.partition = topic, partition
         self.deadline_s = deadline_s
-        self.deliveries = DeliveryLatch()
+        self.deliveries = DeliveryFailures()
         self.closed = False
+        self._close_lock = threading.Lock()
         self._fatal: KafkaError | None = None
         self._on_error = on_error
         # "delivery.report.only.error": success reports would cost a Python
@@ -154,6 +132,11 @@ class PinnedProducer:
         """init_transactions: fences any older producer with this id, finishes its txn."""
         self._retrying("init_transactions", self._producer.init_transactions)
 
+    def take_failures(self) -> tuple[Failure, ...]:
+        """Serve queued delivery reports, then hand over the failed outputs seen so far."""
+        self._producer.poll(0)
+        return self.deliveries.take()
+
     def begin(self) -> None:
         self.deliveries.take()  # a failure of an earlier, aborted transaction is not ours
         with self._translated("begin_transaction"):
@@ -183,6 +166,8 @@ class PinnedProducer:
         self._retrying("commit_transaction", self._producer.commit_transaction)
 
     def abort(self) -> None:
+        """abort_transaction; the failed outputs that made it necessary stay in
+        ``deliveries`` (``take_failures``): they name the real cause."""
         self._retrying("abort_transaction", self._producer.abort_transaction)
 
     def poll(self) -> None:
@@ -193,7 +178,9 @@ class PinnedProducer:
 
         Never commits: callers commit first when (and only when) that is right.
         """
-        if not self.closed:
+        with self._close_lock:
+            if self.closed:
+                return
             self.closed = True
             try:
                 with warnings.catch_warnings():  # "abort failed during close": known, fenced
@@ -205,32 +192,3 @@ class PinnedProducer:
 
     def __repr__(self) -> str:
         return f"PinnedProducer({self.transactional_id!r})"
-
-
-class SharedWriter:
-    """At-least-once mode: one partition's view of the replica's single idempotent
-    producer. No transactions: ``begin``/``abort`` do nothing (sent outputs cannot
-    be recalled), and the stage commits consumer offsets once outputs are delivered."""
-
-    transactional_id = ""
-
-    def __init__(self, producer: Producer, topic: str, partition: int) -> None:
-        self._producer = producer
-        self.topic, self.partition = topic, partition
-        self.closed = False
-
-    def begin(self) -> None:
-        pass
-
-    def produce(self, out: Produced, offset: int) -> None:
-        try:  # the hot path: nothing built unless it fails
-            produce(self._producer, out)
-        except KafkaException as exc:
-            raise translate(exc, Where("produce", None, self.topic, self.partition, offset)) \
-                from exc
-
-    def abort(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True

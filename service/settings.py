@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from service.errors import ConfigError
 
 Guarantee = Literal["exactly_once", "at_least_once"]
+GroupProtocol = Literal["classic", "consumer"]
 PASSTHROUGH_PREFIXES = {"kafka": "TXSTAGE_KAFKA__", "consumer": "TXSTAGE_CONSUMER__",
                         "producer": "TXSTAGE_PRODUCER__"}
 
@@ -40,6 +41,16 @@ PROTECTED = {
     "bootstrap.servers": "set TXSTAGE_BOOTSTRAP_SERVERS instead",
     "partition.assignment.strategy": "the stage relies on cooperative-sticky rebalancing",
     "transaction.timeout.ms": "set TXSTAGE_TRANSACTION_TIMEOUT_MS instead",
+    "group.protocol": "set TXSTAGE_GROUP_PROTOCOL=classic|consumer instead",
+}
+
+# Consumer properties of the classic protocol only; with the next-generation
+# protocol (KIP-848) the broker owns them and librdkafka refuses them.
+CLASSIC_ONLY = {
+    "session.timeout.ms": "the session timeout is the broker's group.consumer.session.timeout.ms",
+    "heartbeat.interval.ms": "the heartbeat interval is the broker's "
+                             "group.consumer.heartbeat.interval.ms",
+    "group.protocol.type": "it applies to the classic protocol only",
 }
 
 
@@ -63,6 +74,7 @@ class Settings(BaseSettings):
     output_topic: str
     transform: str
     guarantee: Guarantee = "exactly_once"
+    group_protocol: GroupProtocol = "classic"
     commit_interval_ms: int = Field(100, gt=0)
     commit_max_records: int = Field(5000, gt=0)
     dlq_topic: str = ""
@@ -94,6 +106,11 @@ class Settings(BaseSettings):
             raise ValueError("name at least one input topic")
         return value
 
+    @field_validator("group_protocol", "guarantee", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower().strip() if isinstance(value, str) else value
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, value: object) -> object:
@@ -101,7 +118,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:
-        problems = [*self._protected_overrides(), *self._timing_problems()]
+        problems = [*self._protected_overrides(), *self._timing_problems(),
+                    *self._protocol_problems()]
         if self.dlq_topic and self.dlq_topic in self.input_topics:
             problems.append("TXSTAGE_DLQ_TOPIC must not be one of the input topics")
         if self.output_topic in self.input_topics:
@@ -119,6 +137,14 @@ class Settings(BaseSettings):
                     found.append(f"{PASSTHROUGH_PREFIXES[section]}{prop} cannot be set: "
                                  f"{PROTECTED[prop]}")
         return found
+
+    def _protocol_problems(self) -> list[str]:
+        if self.group_protocol != "consumer":
+            return []
+        return [f"{PASSTHROUGH_PREFIXES[section]}{prop} cannot be set with "
+                f"TXSTAGE_GROUP_PROTOCOL=consumer: {CLASSIC_ONLY[prop]}"
+                for section, props in (("kafka", self.kafka), ("consumer", self.consumer))
+                for prop in props if prop in CLASSIC_ONLY]
 
     def _timing_problems(self) -> list[str]:
         # A transaction stays open about one commit interval; leave the

@@ -1,6 +1,6 @@
 """Fixtures shared by every test tier.
 
-Brokers (all real Apache Kafka, see tests/harness/kafka.py; nothing is ever skipped):
+Brokers (all real Apache Kafka, run by service/local_kafka; nothing is ever skipped):
 
 - ``kafka`` (session): one single-node broker for the whole run, or the broker at
   ``$TXSTAGE_TEST_BOOTSTRAP`` if set. ``kafka.bootstrap`` is what clients need.
@@ -24,15 +24,12 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 
 import pytest
 
+from service.local_kafka.cluster import KafkaCluster
+from service.local_kafka.errors import LocalKafkaError
+from service.local_kafka.readiness import wait_ready
 from tests.harness import reading
 from tests.harness.admin import create_topic
-from tests.harness.kafka import (
-    KafkaCluster,
-    KafkaHarnessError,
-    KafkaService,
-    RunningKafka,
-    wait_ready,
-)
+from tests.harness.kafka import KafkaService, RunningKafka
 
 UniqueName = Callable[[str], str]
 NewTopic = Callable[..., str]
@@ -53,7 +50,7 @@ def _start(nodes: int, overrides: Mapping[str, str | int] | None = None) -> Kafk
     """A started cluster, or a test failure (never a skip) carrying the broker log tail."""
     try:
         return KafkaCluster(nodes, overrides=overrides).start()
-    except KafkaHarnessError as exc:
+    except LocalKafkaError as exc:
         pytest.fail(f"could not start a {nodes}-node Kafka cluster:\n{exc}", pytrace=False)
 
 
@@ -86,7 +83,7 @@ def _cluster3_for_module(pytestconfig: pytest.Config) -> Iterator[KafkaCluster]:
 def cluster3(_cluster3_for_module: KafkaCluster) -> KafkaCluster:
     try:
         _cluster3_for_module.heal()
-    except KafkaHarnessError as exc:
+    except LocalKafkaError as exc:
         pytest.fail(f"could not heal the 3-node cluster:\n{exc}", pytrace=False)
     return _cluster3_for_module
 
@@ -185,6 +182,6 @@ def pytest_runtest_makereport(
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     startups = terminalreporter.config.stash.get(_STARTUPS, [])
     if startups:
-        terminalreporter.write_sep("-", "Kafka brokers started by the harness")
+        terminalreporter.write_sep("-", "Kafka brokers started for the tests")
         for line in startups:
             terminalreporter.write_line(line)

@@ -19,7 +19,7 @@ from service.backfill.slice_writer import InputOrderError, SliceTask, SliceWrite
 from service.errors import AbortableError, FencedError, PoisonRecordError, Where
 from service.examples.square import square
 from service.processing import Produced, process
-from service.producer import DeliveryLatch
+from service.delivery import DeliveryFailures
 
 PIECE = Slice(3, "in", 1, 100, 200)
 TASK = SliceTask(PIECE, "job", "p.backfill.job.3", "progress", transaction_records=10,
@@ -41,7 +41,7 @@ class FakeProducer:
     transactional_id = TASK.transactional_id
 
     def __init__(self) -> None:
-        self.deliveries = DeliveryLatch()
+        self.deliveries = DeliveryFailures()
         self.committed: list[Produced] = []
         self.open: list[Produced] = []
         self.calls: list[str] = []
@@ -50,6 +50,9 @@ class FakeProducer:
 
     def init(self) -> None:
         self.calls.append("init")
+
+    def take_failures(self) -> tuple[object, ...]:
+        return self.deliveries.take()
 
     def begin(self) -> None:
         assert not self.in_transaction, "begin inside a transaction"

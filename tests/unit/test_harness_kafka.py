@@ -1,5 +1,5 @@
-"""The Kafka test harness without a broker: node configuration, ids, ports, and the
-atomic, idempotent jar install (driven through a fake ``mvn``)."""
+"""The local Kafka runner (service.local_kafka) without a broker: node configuration, ids,
+ports, the atomic, idempotent jar install (driven through a fake ``mvn``), and the CLI."""
 
 from __future__ import annotations
 
@@ -11,8 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import kafka
-from tests.harness.kafka import KafkaHarnessError, broker_properties, free_ports, kafka_uuid
+from service.cache import cache_root
+from service.local_kafka import cli as local_cli
+from service.local_kafka import jars
+from service.local_kafka.errors import LocalKafkaError
+from service.local_kafka.node import free_ports
+from service.local_kafka.properties import broker_properties, kafka_uuid
 from tests.harness.reading import ReadRecord
 
 
@@ -39,6 +43,15 @@ def test_single_node_is_a_combined_kraft_node_that_serves_transactions() -> None
     assert props["group.initial.rebalance.delay.ms"] == "0"
     assert props["group.min.session.timeout.ms"] == "1000"
     assert props["transaction.abort.timed.out.transaction.cleanup.interval.ms"] == "1000"
+
+
+def test_next_generation_groups_fail_over_as_fast_as_classic_ones() -> None:
+    # KIP-848: the broker, not the client, sets the session of group.protocol=consumer.
+    props = node_config(1)
+    assert props["group.consumer.session.timeout.ms"] == "6000"
+    assert props["group.consumer.heartbeat.interval.ms"] == "500"
+    assert props["group.consumer.min.session.timeout.ms"] == "1000"
+    assert props["group.consumer.min.heartbeat.interval.ms"] == "500"
 
 
 def test_three_nodes_replicate_internal_topics_three_times_with_min_isr_two() -> None:
@@ -113,13 +126,13 @@ def fake_mvn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_install_resolves_once_then_reuses_the_marked_install(fake_mvn: Path) -> None:
-    libs = kafka.install()
-    assert libs == kafka.cache_root() / "kafka-4.1.1" / "libs"
+    libs = jars.install()
+    assert libs == cache_root() / "kafka-4.1.1" / "libs"
     assert (libs / "kafka_2.13-4.1.1.jar").is_file()
     assert (libs.parent / "log4j2.properties").is_file()
-    assert kafka.install() == libs
+    assert jars.install() == libs
     assert fake_mvn.read_text().splitlines() == ["run"]
-    assert sorted(p.name for p in kafka.cache_root().iterdir()) == [
+    assert sorted(p.name for p in cache_root().iterdir()) == [
         ".kafka-4.1.1.lock",
         "kafka-4.1.1",
     ]
@@ -129,14 +142,58 @@ def test_failed_install_leaves_nothing_behind(
     fake_mvn: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FAIL", "1")
-    with pytest.raises(KafkaHarnessError, match="resolution failed"):
-        kafka.install()
-    assert [p.name for p in kafka.cache_root().iterdir()] == [".kafka-4.1.1.lock"]
+    with pytest.raises(LocalKafkaError, match="resolution failed"):
+        jars.install()
+    assert [p.name for p in cache_root().iterdir()] == [".kafka-4.1.1.lock"]
 
 
 def test_install_without_marker_is_redone(fake_mvn: Path) -> None:
-    libs = kafka.install()
+    libs = jars.install()
     (libs.parent / ".complete").unlink()  # e.g. an install interrupted by hand
-    assert kafka.install() == libs
+    assert jars.install() == libs
     assert fake_mvn.read_text().splitlines() == ["run", "run"]
     assert (libs.parent / ".complete").is_file()
+
+
+def test_the_pom_and_log_config_ship_inside_the_package() -> None:
+    package = Path(local_cli.__file__).parent
+    assert (jars.POM.parent, jars.POM.name) == (package, "pom.xml")
+    assert (jars.LOG4J_CONFIG.parent, jars.LOG4J_CONFIG.name) == (package, "log4j2.properties")
+    assert jars.POM.is_file() and jars.LOG4J_CONFIG.is_file()
+    assert f"<kafka.version>{jars.KAFKA_VERSION}</kafka.version>" in jars.POM.read_text()
+
+
+# ------------------------------------------------------------------------------- CLI
+
+
+def test_status_exits_3_and_down_0_when_the_local_broker_is_not_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TXSTAGE_CACHE_DIR", str(tmp_path))
+    assert local_cli.main(["status"]) == 3
+    assert local_cli.main(["down"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["local Kafka is not running"] * 2
+
+
+def test_install_failure_exits_1(
+    fake_mvn: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FAIL", "1")
+    assert local_cli.main(["install"]) == 1
+    assert "resolution failed" in capsys.readouterr().err
+
+
+def test_unknown_commands_exit_2() -> None:
+    with pytest.raises(SystemExit) as exited:
+        local_cli.main(["start"])
+    assert exited.value.code == 2
+
+
+def test_txstage_kafka_is_the_local_broker_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service import cli  # the whole service: only this test needs it
+
+    monkeypatch.setenv("TXSTAGE_CACHE_DIR", str(tmp_path))
+    assert cli.main(["kafka", "status"]) == 3
+    assert capsys.readouterr().out == "local Kafka is not running\n"

@@ -85,21 +85,25 @@ def test_send_offsets_is_retried_with_identical_offsets() -> None:
     assert [(tp.topic, tp.partition, tp.offset) for tp in offsets] == [("in", 0, 42)]
 
 
-def test_failed_commit_keeps_its_own_class_and_names_the_failed_output() -> None:
+def test_failed_commit_keeps_its_own_class_and_keeps_the_failed_output() -> None:
     # The delivery report of a refused record has no transaction flags; the commit's
     # error has them and must decide (abort), not the report (which looks fatal).
+    # The report stays available: it names the real cause and the record.
     producer, fake = pinned()
     producer.deliveries(KafkaError(KafkaError.INVALID_RECORD, "refused"),
                         None)  # type: ignore[arg-type]  # the callback only records
+    producer.deliveries(KafkaError(KafkaError._PURGE_QUEUE, "purged"),
+                        None)  # type: ignore[arg-type]  # a consequence, never the cause
     fake.commit_transaction.side_effect = KafkaException(
         KafkaError(KafkaError.INVALID_RECORD, "must abort", txn_requires_abort=True))
-    with pytest.raises(AbortableError) as caught:
-        transaction.commit(producer, 10, "metadata")
-    assert "first failed output: INVALID_RECORD" in "".join(caught.value.__notes__)
+    with pytest.raises(AbortableError):
+        transaction.commit(producer, 10, lambda: "metadata")
+    [failure] = producer.take_failures()
+    assert failure.refusal and failure.name == "INVALID_RECORD"
 
 
 def test_a_new_transaction_forgets_failures_of_the_last_one() -> None:
     producer, _ = pinned()
     producer.deliveries(KafkaError(KafkaError.INVALID_RECORD, "old"), None)  # type: ignore[arg-type]
     producer.begin()
-    assert producer.deliveries.take() is None
+    assert producer.deliveries.take() == ()

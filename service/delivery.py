@@ -1,0 +1,75 @@
+"""Failed deliveries: what a delivery report says about one output, and which input
+record it came from (its lineage header). Shared by both committers and the state
+machine, so a refused output is traced to its record the same way in either mode."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, Message
+
+from service import lineage
+
+# Broker answers that refuse a record itself: sending it again cannot help.
+# _INVALID_DIFFERENT_RECORD marks the innocent neighbours of a refused record in
+# the same batch (librdkafka reads the broker's per-record errors), so it is not one.
+REFUSALS = frozenset({
+    KafkaError.INVALID_RECORD, KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.INVALID_TIMESTAMP, KafkaError.POLICY_VIOLATION,
+})
+# Outputs an abort purged: a consequence of the failure, never its cause.
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+_KEEP_AT_MOST = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One output that was not delivered."""
+
+    code: int
+    name: str
+    message: str
+    offset: int | None  # the input offset its lineage names, when it names one
+
+    @property
+    def refusal(self) -> bool:
+        return self.code in REFUSALS
+
+
+def failure_of(error: KafkaError, message: Message | None) -> Failure:
+    offset = None
+    if message is not None:
+        try:
+            found = lineage.read(message.headers())  # type: ignore[arg-type]
+        except (ValueError, UnicodeDecodeError):
+            found = None
+        offset = found.offset if found is not None else None
+    return Failure(error.code(), error.name(), error.str(), offset)
+
+
+class DeliveryFailures:
+    """An ``on_delivery`` callback that keeps every failed output except purges.
+
+    librdkafka callbacks must never raise (a raised callback replaces the error of
+    the call that served it), so this only records; the owner takes the list."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failures: list[Failure] = []
+
+    def __call__(self, error: KafkaError | None, message: Message) -> None:
+        if error is None or error.code() in _PURGED:
+            return
+        try:
+            failure = failure_of(error, message)
+        except Exception:  # never raise into librdkafka
+            failure = Failure(error.code(), error.name(), error.str(), None)
+        with self._lock:
+            if len(self._failures) < _KEEP_AT_MOST:
+                self._failures.append(failure)
+
+    def take(self) -> tuple[Failure, ...]:
+        with self._lock:
+            failures, self._failures = tuple(self._failures), []
+        return failures

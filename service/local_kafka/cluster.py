@@ -1,0 +1,302 @@
+"""``KafkaCluster``: 1 or 3 nodes on free ports in a temp dir of their own, with faults.
+
+Every node is started attached (see :mod:`service.local_kafka.node`): the cluster, its JVMs
+and its temp dir go when it is closed, when the interpreter exits, or (temp dirs of a
+SIGKILLed interpreter) at the next cluster start once they are 15 minutes old.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from functools import partial
+from pathlib import Path
+from types import TracebackType
+
+from service.local_kafka.errors import KafkaStartError, LocalKafkaError
+from service.local_kafka.jars import install
+from service.local_kafka.node import Node, free_ports, tail_file, wait_for_start
+from service.local_kafka.properties import HOST, broker_properties, kafka_uuid, write_properties
+from service.local_kafka.readiness import run_parallel, wait_ready
+
+_WORKDIR_PREFIX = "txstage-kafka-"
+_STALE_AFTER_SECONDS = 15 * 60
+
+# Clusters started in this interpreter, closed at exit whatever happens.
+_CLUSTERS: set[KafkaCluster] = set()
+_CLUSTERS_LOCK = threading.Lock()
+
+
+class KafkaCluster:
+    """1 or 3 combined broker+controller nodes on 127.0.0.1, in a temp dir of their own.
+
+    Node ids are ``0 .. nodes-1`` and are the ``i`` of :meth:`stop`, :meth:`kill`, … (the
+    same ids Kafka reports as partition leaders). Use as a context manager::
+
+        with KafkaCluster(nodes=3) as cluster:
+            cluster.kill(leader)
+            ...
+            cluster.restart(leader)
+    """
+
+    def __init__(
+        self,
+        nodes: int = 1,
+        *,
+        overrides: Mapping[str, str | int] | None = None,
+        startup_timeout: float = 90.0,
+        workdir: Path | None = None,
+    ) -> None:
+        if nodes < 1:
+            raise ValueError("a cluster needs at least one node")
+        self.size = nodes
+        self.overrides = dict(overrides or {})
+        self.startup_timeout = startup_timeout
+        self._parent = workdir
+        self.workdir = Path()
+        self.libs = Path()
+        self.nodes: list[Node] = []
+        self.cluster_id = ""
+        self.startup_seconds = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def __enter__(self) -> KafkaCluster:
+        return self if self.nodes else self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(self, *, attempts: int = 3) -> KafkaCluster:
+        """Install if needed, format and start every node, wait until the cluster is ready.
+
+        A port taken between choosing it and the JVM binding it is retried on new ports.
+        """
+        if self.nodes:
+            raise LocalKafkaError(f"{self!r} was started already")
+        began = time.monotonic()
+        self.libs = install()
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once()
+                break
+            except KafkaStartError as exc:
+                self.close()
+                if "Address already in use" not in str(exc) or attempt == attempts:
+                    raise
+                self.nodes = []
+            except BaseException:
+                self.close()
+                raise
+        self.startup_seconds = time.monotonic() - began
+        return self
+
+    def _start_once(self) -> None:
+        with _CLUSTERS_LOCK:
+            _CLUSTERS.add(self)
+        sweep_stale_workdirs(self._parent)
+        self.workdir = Path(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX, dir=self._parent))
+        ports = free_ports(2 * self.size)
+        controller_ports = {i: ports[2 * i + 1] for i in range(self.size)}
+        self.nodes = [
+            Node(i, ports[2 * i], ports[2 * i + 1], self.workdir / f"node-{i}")
+            for i in range(self.size)
+        ]
+        self.cluster_id = kafka_uuid()
+        for node in self.nodes:
+            node.directory.mkdir(parents=True)
+            write_properties(
+                node.config,
+                broker_properties(
+                    node_id=node.node_id,
+                    broker_port=node.broker_port,
+                    controller_port=node.controller_port,
+                    controller_ports=controller_ports,
+                    log_dir=node.data,
+                    overrides=self.overrides,
+                ),
+            )
+        quorum_args = self._quorum_args()
+        run_parallel(
+            [partial(node.format, self.libs, self.cluster_id, quorum_args) for node in self.nodes]
+        )
+        deadline = time.monotonic() + self.startup_timeout
+        starts = {node.node_id: (node, node.start(self.libs)) for node in self.nodes}
+        wait_for_start(starts, deadline)
+        self._wait_ready(deadline)
+
+    def _quorum_args(self) -> list[str]:
+        if self.size == 1:
+            return ["--standalone"]
+        voters = ",".join(
+            f"{node.node_id}@{HOST}:{node.controller_port}:{kafka_uuid()}" for node in self.nodes
+        )
+        return ["--initial-controllers", voters]
+
+    def _wait_ready(self, deadline: float) -> None:
+        running = {node.node_id for node in self.nodes if node.alive() and not node.paused}
+        try:
+            wait_ready(
+                self.bootstrap,
+                broker_ids=running,
+                timeout=max(1.0, deadline - time.monotonic()),
+            )
+        except TimeoutError as exc:
+            raise KafkaStartError(f"{exc}\n{self.log_tail()}") from exc
+
+    def close(self) -> None:
+        """Kill every node and remove the temp dir. Safe to call twice."""
+        self._kill_all()
+        if self.workdir != Path() and self.workdir.exists():
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        with _CLUSTERS_LOCK:
+            _CLUSTERS.discard(self)
+
+    def _kill_all(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(LocalKafkaError, subprocess.TimeoutExpired):
+                node.kill()
+
+    # -- addresses ---------------------------------------------------------------------
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's broker address, comma-separated (stable across restarts)."""
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    @property
+    def node_ids(self) -> list[int]:
+        return [node.node_id for node in self.nodes]
+
+    def node_bootstrap(self, i: int) -> str:
+        return self._node(i).bootstrap
+
+    def log_path(self, i: int) -> Path:
+        return self._node(i).log
+
+    def pid(self, i: int) -> int | None:
+        proc = self._node(i).proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def is_running(self, i: int) -> bool:
+        """The JVM of node ``i`` exists (it may be paused)."""
+        return self._node(i).alive()
+
+    def is_paused(self, i: int) -> bool:
+        return self._node(i).paused
+
+    def _node(self, i: int) -> Node:
+        if not 0 <= i < len(self.nodes):
+            raise IndexError(f"no node {i}; node ids are {self.node_ids}")
+        return self.nodes[i]
+
+    # -- faults ------------------------------------------------------------------------
+
+    def stop(self, i: int, timeout: float = 30.0) -> None:
+        """SIGTERM node ``i`` and wait for it to exit (SIGKILL after ``timeout`` s)."""
+        self._node(i).stop(timeout)
+
+    def kill(self, i: int) -> None:
+        """SIGKILL node ``i`` and reap it."""
+        self._node(i).kill()
+
+    def pause(self, i: int) -> None:
+        """SIGSTOP node ``i``: it keeps its sockets open but answers nothing."""
+        node = self._node(i)
+        node.signal(signal.SIGSTOP)
+        node.paused = True
+
+    def resume(self, i: int) -> None:
+        """SIGCONT node ``i``."""
+        node = self._node(i)
+        node.signal(signal.SIGCONT)
+        node.paused = False
+
+    def restart(self, i: int, timeout: float | None = None) -> None:
+        """Start node ``i`` again on the same data dir and ports, wait until it is ready.
+
+        A running node is stopped first (SIGTERM). Ready means the node logged "Kafka Server
+        started" (it caught up with the metadata log and is unfenced) and the cluster serves
+        transactions and groups again.
+        """
+        node = self._node(i)
+        if node.alive():
+            node.stop(30.0)
+        deadline = time.monotonic() + (timeout or self.startup_timeout)
+        wait_for_start({i: (node, node.start(self.libs))}, deadline)
+        self._wait_ready(deadline)
+
+    def heal(self, timeout: float | None = None) -> None:
+        """Resume paused nodes and restart dead ones, then wait until all serve again, so
+        the next test gets a whole cluster. Does nothing to a whole, running cluster."""
+        deadline = time.monotonic() + (timeout or self.startup_timeout)
+        resumed = [node for node in self.nodes if node.alive() and node.paused]
+        for node in resumed:
+            self.resume(node.node_id)
+        for node in self.nodes:
+            if not node.alive():
+                self.restart(node.node_id, timeout)
+        if resumed:
+            self._wait_ready(deadline)
+
+    # -- logs --------------------------------------------------------------------------
+
+    def log_tail(self, lines: int = 80) -> str:
+        """The last ``lines`` lines of every node's log (format output, JVM and log4j)."""
+        parts = []
+        for node in self.nodes:
+            state = "paused" if node.paused else ("running" if node.alive() else "down")
+            parts.append(f"==== node {node.node_id} ({state}) {node.log} ====")
+            parts.append(tail_file(node.log, lines))
+        return "\n".join(parts)
+
+    def __repr__(self) -> str:
+        return f"KafkaCluster(nodes={self.size}, bootstrap={self.bootstrap!r})"
+
+
+def sweep_stale_workdirs(parent: Path | None = None) -> list[Path]:
+    """Remove cluster temp dirs left by interpreters that were SIGKILLed (their JVMs died
+    with them): older than 15 minutes and referenced by no live process's command line."""
+    root = Path(parent or tempfile.gettempdir())
+    candidates = [
+        path
+        for path in root.glob(f"{_WORKDIR_PREFIX}*")
+        if path.is_dir() and time.time() - path.stat().st_mtime > _STALE_AFTER_SECONDS
+    ]
+    if not candidates:
+        return []
+    in_use = b"\0".join(_cmdlines())
+    stale = [path for path in candidates if str(path).encode() not in in_use]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+def _cmdlines() -> Iterator[bytes]:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                yield (entry / "cmdline").read_bytes()
+
+
+# Registered after node.py's hook (imported first), so it runs before it: clusters close
+# their nodes in order, then whatever JVM is left is SIGKILLed.
+@atexit.register
+def _close_clusters() -> None:
+    with _CLUSTERS_LOCK:
+        clusters = list(_CLUSTERS)
+    for cluster in clusters:
+        with contextlib.suppress(Exception):
+            cluster.close()

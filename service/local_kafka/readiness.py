@@ -1,0 +1,115 @@
+"""When a broker is ready: it lists the expected nodes and serves transactions and groups."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from service.local_kafka.errors import LocalKafkaError
+
+
+def listed_brokers(bootstrap: str, timeout: float) -> set[int]:
+    """The ids DescribeCluster lists (live, unfenced brokers)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    description = admin.describe_cluster(request_timeout=timeout).result(timeout + 1)
+    return {node.id for node in description.nodes}
+
+
+def wait_ready(
+    bootstrap: str,
+    *,
+    broker_ids: set[int] | None = None,
+    timeout: float = 60.0,
+    probe_id: str | None = None,
+) -> None:
+    """Until the cluster lists ``broker_ids`` and serves transactions and consumer groups.
+
+    Serving transactions means ``init_transactions`` succeeds (the ``__transaction_state``
+    topic exists and its coordinator is loaded), and groups that an OffsetFetch answers
+    (``__consumer_offsets`` likewise). Raises :class:`TimeoutError` with the last error.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+
+    def remaining() -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"Kafka at {bootstrap} not ready: {last_error!r}")
+        return left
+
+    while broker_ids is not None:
+        try:
+            seen = listed_brokers(bootstrap, min(5.0, remaining()))
+            if broker_ids <= seen:
+                break
+            last_error = LocalKafkaError(f"brokers {sorted(seen)}, want {sorted(broker_ids)}")
+        except (KafkaException, TimeoutError) as exc:
+            last_error = exc
+        time.sleep(0.2)
+    transactional_id = probe_id or f"txstage-local-kafka-probe-{uuid.uuid4().hex[:8]}"
+    quiet = {"bootstrap.servers": bootstrap, "log_level": 0}  # errors are expected here
+
+    def transactions() -> None:
+        nonlocal last_error
+        while True:
+            producer = Producer({**quiet, "transactional.id": transactional_id})
+            try:
+                producer.init_transactions(min(10.0, remaining()))
+                return
+            except KafkaException as exc:
+                last_error = exc
+                time.sleep(0.1)
+            finally:
+                with contextlib.suppress(KafkaException):
+                    producer.close()
+
+    def groups() -> None:
+        nonlocal last_error
+        consumer = Consumer(
+            {
+                **quiet,
+                "group.id": f"{transactional_id}-group",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+        )
+        try:
+            while True:
+                try:
+                    probe = [TopicPartition("__txstage_probe", 0)]
+                    consumer.committed(probe, min(10.0, remaining()))
+                    return
+                except KafkaException as exc:
+                    last_error = exc
+                    time.sleep(0.1)
+        finally:
+            consumer.close()
+
+    # Both create and load an internal topic (50 partitions each): in parallel.
+    run_parallel([transactions, groups])
+
+
+
+def run_parallel(tasks: Sequence[Callable[[], None]]) -> None:
+    """Run callables in threads; re-raise the first error."""
+    errors: list[BaseException] = []
+
+    def run(task: Callable[[], None]) -> None:
+        try:
+            task()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(task,)) for task in tasks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]

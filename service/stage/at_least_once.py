@@ -1,0 +1,182 @@
+"""At-least-once: one idempotent producer for the replica; consumer offsets are
+committed once every output before them was delivered.
+
+Each partition writes into delivery *windows*; a commit seals the open window.
+Every output's delivery report is attributed to its window, so a failure is
+blamed on its own partition and record, never on whichever partitions happen to
+be due. Offsets advance only across sealed windows whose outputs were all
+delivered, and are committed asynchronously: the loop never waits for a flush.
+A failed window makes its partition rewind to the offset committed in Kafka;
+a refused output's record is dead-lettered, as in exactly-once mode.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+import structlog
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from service.delivery import Failure, failure_of
+from service.errors import Where, translate
+from service.kafka_config import producer_config
+from service.logs import error_cb, librdkafka_logger
+from service.metrics import Metrics
+from service.processing import Produced
+from service.producer import produce
+from service.settings import Settings
+from service.stage.committer import GroupMetadata, Job
+from service.stage.partition import TopicPartitionKey
+from service.stage.state import AbortDone, CommitDone, DeliveryFailed, Event, InitDone, Txn
+
+log = structlog.get_logger(__name__)
+
+CommitOffsets = Callable[[list[TopicPartition], bool], None]  # (offsets, asynchronous)
+_FLUSH_ON_RELEASE_S = 10.0
+
+
+class Window:
+    """The outputs of a run of input records of one partition."""
+
+    __slots__ = ("dead", "failures", "first", "next", "pending", "report", "sealed")
+
+    def __init__(self, first: int) -> None:
+        self.first = self.next = first
+        self.pending = 0       # outputs not yet reported
+        self.sealed = False    # no more records join it
+        self.dead = False      # its partition rewound: late reports do not matter
+        self.failures: list[Failure] = []
+        self.report = self._report  # bound once: one per produce() would cost
+
+    def _report(self, error: KafkaError | None, message: Message) -> None:
+        """on_delivery, on the thread that polls; never raises."""
+        self.pending -= 1
+        if error is not None and not self.dead:
+            try:
+                self.failures.append(failure_of(error, message))
+            except Exception:
+                self.failures.append(Failure(error.code(), error.name(), error.str(), None))
+
+    @property
+    def delivered(self) -> bool:
+        return self.sealed and self.pending == 0 and not self.failures
+
+
+class AtLeastOnce:
+    def __init__(self, settings: Settings, metrics: Metrics, commit_offsets: CommitOffsets) -> None:
+        self._metrics = metrics
+        self._commit_offsets = commit_offsets
+        self._interval_s = settings.commit_interval_ms / 1000
+        self._producer = Producer({
+            **producer_config(settings, None), "logger": librdkafka_logger("producer"),
+            "error_cb": error_cb("producer"),
+        })
+        self._windows: dict[TopicPartitionKey, deque[Window]] = {}
+        self._open: dict[TopicPartitionKey, Window] = {}
+        self._blamed: set[TopicPartitionKey] = set()   # failure reported, not yet aborted
+        self._deliverable: dict[TopicPartitionKey, int] = {}  # delivered, not yet committed
+        self._next_commit = 0.0
+
+    def transactional_id(self, key: TopicPartitionKey) -> None:
+        return None
+
+    def init(self, key: TopicPartitionKey) -> Job:
+        self._forget(key)
+        return lambda: InitDone(time.monotonic())
+
+    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
+        window = self._open.get(key)
+        if window is None:
+            window = self._open[key] = Window(offset)
+            self._windows.setdefault(key, deque()).append(window)
+        report = window.report
+        producer = self._producer
+        for out in outputs:
+            try:  # the hot path: nothing built unless it fails
+                producer.produce(out.topic, out.value, out.key, headers=out.headers,  # type: ignore[arg-type]
+                                 on_delivery=report)
+            except BufferError:
+                produce(producer, out, on_delivery=report)
+            except KafkaException as exc:
+                raise translate(exc, Where("produce", None, key[0], key[1], offset)) from exc
+            window.pending += 1
+        window.next = offset + 1
+
+    def commit(self, key: TopicPartitionKey, txn: Txn, group_metadata: GroupMetadata) -> Event:
+        window = self._open.pop(key, None)
+        if window is not None:
+            window.sealed = True
+        return CommitDone(0.0, time.monotonic())
+
+    def abort(self, key: TopicPartitionKey, txn: Txn | None) -> Event:
+        """Nothing sent can be recalled: forget the windows; what follows the
+        committed offset is sent again (duplicates, never loss)."""
+        self._forget(key)
+        return AbortDone((), time.monotonic())
+
+    def _forget(self, key: TopicPartitionKey) -> None:
+        for window in self._windows.pop(key, ()):
+            window.dead = True
+        self._open.pop(key, None)
+        self._blamed.discard(key)
+        self._deliverable.pop(key, None)
+
+    def poll(self, now: float) -> list[tuple[TopicPartitionKey, Event]]:
+        """Serve delivery reports; blame failures; commit what was delivered."""
+        self._producer.poll(0)
+        events: list[tuple[TopicPartitionKey, Event]] = []
+        for key, windows in self._windows.items():
+            while windows and windows[0].delivered:
+                self._deliverable[key] = windows.popleft().next
+            failed = [f for window in windows for f in window.failures]
+            if failed and key not in self._blamed:
+                self._blamed.add(key)
+                events.append((key, DeliveryFailed(tuple(failed), now)))
+        if self._deliverable and now >= self._next_commit:
+            self._next_commit = now + self._interval_s
+            self._commit(False)
+        return events
+
+    def _commit(self, wait: bool, keys: set[TopicPartitionKey] | None = None) -> None:
+        chosen = {k: o for k, o in self._deliverable.items() if keys is None or k in keys}
+        if not chosen:
+            return
+        for key in chosen:
+            del self._deliverable[key]
+        offsets = [TopicPartition(topic, partition, offset)
+                   for (topic, partition), offset in chosen.items()]
+        started = time.monotonic()
+        self._commit_offsets(offsets, not wait)
+        self._metrics.committed.inc(len(offsets))
+        if wait:
+            self._metrics.commit_seconds.observe(time.monotonic() - started)
+        self._metrics.last_commit.set_to_current_time()
+
+    def finish(self, key: TopicPartitionKey, txn: Txn | None, commit: bool, reason: str,
+               group_metadata: GroupMetadata) -> None:
+        """Revoked: wait (bounded) for the outputs, then commit what was delivered,
+        synchronously and on the loop thread (inside the rebalance callback: a
+        consumer's synchronous calls must not come from another thread). A failed
+        commit only means the next owner sends those outputs again."""
+        if commit:
+            self.commit(key, txn or Txn(0, 0, 0, 0.0), group_metadata)
+            self._producer.flush(_FLUSH_ON_RELEASE_S)
+            windows = self._windows.get(key, deque())
+            while windows and windows[0].delivered:
+                self._deliverable[key] = windows.popleft().next
+            try:
+                self._commit(True, {key})
+            except KafkaException as exc:
+                log.warning("offsets.commit_failed", topic=key[0], partition=key[1],
+                            error=str(exc))
+        self._forget(key)
+
+    def close(self, key: TopicPartitionKey) -> Job:
+        def job() -> None:
+            self._forget(key)
+        return job
+
+    def shutdown(self, timeout_s: float) -> None:
+        self._producer.flush(max(timeout_s, 0.0))

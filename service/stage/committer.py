@@ -1,0 +1,50 @@
+"""The committer interface: what the loop needs from exactly-once and at-least-once
+alike. The loop never asks which one it has.
+
+A call that may wait on Kafka returns a ``Job`` (run beside the loop, its event
+dispatched when it ends); a call the committer can finish at once returns the
+event itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from service.processing import Produced
+from service.stage.partition import TopicPartitionKey
+from service.stage.state import Event, Txn
+
+Job = Callable[[], Event | None]
+GroupMetadata = Callable[[], object]
+
+
+class Committer(Protocol):
+    def init(self, key: TopicPartitionKey) -> Job:
+        """Make the partition's producer ready (exactly-once: init_transactions)."""
+
+    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
+        """Queue one input record's outputs; raises KafkaOperationError."""
+
+    def commit(self, key: TopicPartitionKey, txn: Txn,
+               group_metadata: GroupMetadata) -> Job | Event:
+        """Make ``txn`` durable: outputs and input position."""
+
+    def abort(self, key: TopicPartitionKey, txn: Txn | None) -> Job | Event:
+        """Give up the open transaction; its input is read again from Kafka's offset."""
+
+    def finish(self, key: TopicPartitionKey, txn: Txn | None, commit: bool, reason: str,
+               group_metadata: GroupMetadata) -> Job | None:
+        """Released: commit (falling back to an abort) or abort, then close; a job,
+        or None when it was done at once (on the loop thread)."""
+
+    def close(self, key: TopicPartitionKey) -> Job:
+        """Close the partition's producer without committing anything."""
+
+    def poll(self, now: float) -> list[tuple[TopicPartitionKey, Event]]:
+        """Serve delivery reports; events for partitions whose outputs failed."""
+
+    def transactional_id(self, key: TopicPartitionKey) -> str | None: ...
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Close whatever is left; wait at most ``timeout_s``."""

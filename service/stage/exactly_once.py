@@ -1,0 +1,177 @@
+"""Exactly-once: a transactional producer pinned to each input partition.
+
+``transactional.id = <prefix>.<topic>.<partition>``, so ``init_transactions`` on
+assignment fences any older owner and finishes what it left open. One transaction
+holds a partition's outputs and that partition's input offsets (transaction.py).
+Every call that waits on Kafka runs as a job, beside the loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+
+from service import transaction
+from service.errors import KafkaOperationError, RetriableError
+from service.kafka_config import producer_config
+from service.logs import error_cb, librdkafka_logger
+from service.metrics import Metrics
+from service.processing import Produced
+from service.producer import PinnedProducer
+from service.settings import Settings
+from service.stage.committer import GroupMetadata, Job
+from service.stage.partition import TopicPartitionKey
+from service.stage.state import (
+    AbortDone,
+    AbortFailed,
+    CommitDone,
+    CommitFailed,
+    Event,
+    InitDone,
+    InitFailed,
+    Txn,
+)
+
+log = structlog.get_logger(__name__)
+
+
+class ExactlyOnce:
+    """The pinned producers of the partitions this replica owns."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._producers: dict[TopicPartitionKey, PinnedProducer] = {}
+        self._open: set[TopicPartitionKey] = set()  # a transaction was begun
+        self._logger = librdkafka_logger("producer")
+        # init_transactions may wait out a dead owner's transaction: allow the
+        # whole transaction timeout plus a margin before calling it fatal.
+        self._deadline_s = settings.transaction_timeout_ms / 1000 + 30
+
+    def transactional_id(self, key: TopicPartitionKey) -> str:
+        return self._settings.transactional_id(*key)
+
+    def init(self, key: TopicPartitionKey) -> Job:
+        def job() -> Event:
+            self._drop(key)  # a reclaim replaces a fenced producer
+            tid = self.transactional_id(key)
+            started = time.monotonic()
+            producer = None
+            try:
+                config = {**producer_config(self._settings, tid), "logger": self._logger}
+                producer = PinnedProducer(config, *key, deadline_s=self._deadline_s,
+                                          on_error=error_cb(tid))
+                producer.init()
+            except KafkaOperationError as exc:
+                log.error("producer.init_failed", transactional_id=tid, error=str(exc))
+                if producer is not None:
+                    producer.close()
+                return InitFailed(exc, time.monotonic())
+            seconds = time.monotonic() - started
+            self._producers[key] = producer
+            self._metrics.producer_init_seconds.observe(seconds)
+            self._metrics.pinned_producers.set(len(self._producers))
+            log.info("producer.ready", topic=key[0], partition=key[1], transactional_id=tid,
+                     init_seconds=round(seconds, 4))
+            return InitDone(time.monotonic())
+        return job
+
+    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
+        producer = self._producers[key]
+        if key not in self._open:
+            producer.begin()
+            self._open.add(key)
+        for out in outputs:
+            producer.produce(out, offset)
+
+    def commit(self, key: TopicPartitionKey, txn: Txn, group_metadata: GroupMetadata) -> Job:
+        producer = self._producers[key]
+
+        def job() -> Event:
+            started = time.monotonic()
+            try:
+                transaction.commit(producer, txn.next, group_metadata)
+            except KafkaOperationError as exc:
+                return CommitFailed(exc, producer.take_failures(), time.monotonic())
+            self._open.discard(key)
+            return CommitDone(time.monotonic() - started, time.monotonic())
+        return job
+
+    def abort(self, key: TopicPartitionKey, txn: Txn | None) -> Job:
+        producer = self._producers[key]
+
+        def job() -> Event:
+            if key in self._open:
+                try:
+                    producer.abort()
+                except KafkaOperationError as exc:
+                    return AbortFailed(exc, time.monotonic())
+                finally:
+                    self._open.discard(key)
+            return AbortDone(producer.take_failures(), time.monotonic())
+        return job
+
+    def finish(self, key: TopicPartitionKey, txn: Txn | None, commit: bool, reason: str,
+               group_metadata: GroupMetadata) -> Job:
+        def job() -> None:
+            producer = self._producers.get(key)
+            if producer is None:
+                return
+            try:
+                if key in self._open:
+                    self._finish(producer, txn, commit, reason, group_metadata)
+            finally:
+                self._drop(key)
+        return job
+
+    def _finish(self, producer: PinnedProducer, txn: Txn | None, commit: bool, reason: str,
+                group_metadata: GroupMetadata) -> None:
+        tid = producer.transactional_id
+        if commit and txn is not None:
+            started = time.monotonic()
+            try:
+                transaction.commit(producer, txn.next, group_metadata)
+            except RetriableError as exc:  # it may have committed: never abort it
+                log.warning("transaction.commit_failed", transactional_id=tid, error=str(exc))
+                return
+            except KafkaOperationError as exc:
+                log.warning("transaction.commit_failed", transactional_id=tid, error=str(exc))
+            else:
+                self._metrics.commit_seconds.observe(time.monotonic() - started)
+                self._metrics.committed.inc()
+                self._metrics.records_per_transaction.observe(txn.records)
+                self._metrics.last_commit.set_to_current_time()
+                log.info("transaction.committed_on_release", transactional_id=tid,
+                         next_offset=txn.next, records=txn.records)
+                return
+        try:
+            producer.abort()
+        except KafkaOperationError as exc:  # closing anyway: the next owner's init aborts it
+            log.warning("transaction.abort_failed", transactional_id=tid, error=str(exc))
+            return
+        self._metrics.aborted.labels(reason=reason).inc()
+        log.info("transaction.aborted", transactional_id=tid, reason=reason)
+
+    def close(self, key: TopicPartitionKey) -> Job:
+        def job() -> None:
+            self._drop(key)
+        return job
+
+    def _drop(self, key: TopicPartitionKey) -> None:
+        producer = self._producers.pop(key, None)
+        self._open.discard(key)
+        if producer is not None:
+            try:
+                producer.close()
+            except Exception as exc:  # closing must not stop the others from closing
+                log.warning("producer.close_failed", transactional_id=producer.transactional_id,
+                            error=str(exc))
+        self._metrics.pinned_producers.set(len(self._producers))
+
+    def poll(self, now: float) -> list[tuple[TopicPartitionKey, Event]]:
+        return []  # failed outputs surface in the transaction's own calls
+
+    def shutdown(self, timeout_s: float) -> None:
+        for key in list(self._producers):
+            self._drop(key)

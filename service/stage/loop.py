@@ -1,0 +1,449 @@
+"""The consumer loop: consume a batch, turn records into outputs, and carry out what
+the partitions' state machine decides. It decides nothing itself and never waits on
+Kafka except in ``consume()``: commits, aborts, inits and lookups are jobs.
+
+One iteration:
+1. ``consume()`` a batch (rebalance callbacks run inside it);
+2. settle: dispatch the events of finished jobs and of delivery reports;
+3. process the batch, partition by partition in offset order;
+4. tick: start the commits that are due, end backoffs, reclaim fenced partitions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+
+import structlog
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from service.admin import OutputLimits
+from service.errors import (
+    FatalError,
+    KafkaOperationError,
+    PoisonRecordError,
+    RetriableError,
+    TopicLimitPending,
+    Where,
+    translate,
+)
+from service.health import Health
+from service.messages import to_record
+from service.metrics import Metrics
+from service.processing import OutputRefusedError, process, refused
+from service.records import Transform
+from service.settings import Settings
+from service.stage import state as sm
+from service.stage.committer import Committer, Job
+from service.stage.jobs import Jobs
+from service.stage.partition import Partition, TopicPartitionKey
+
+log = structlog.get_logger(__name__)
+
+_HOUSEKEEPING_EVERY_S = 1.0
+_LOOKUP_RETRY_S = 0.2
+
+
+class Loop:
+    """One replica's consumer loop over the partitions it owns."""
+
+    def __init__(self, settings: Settings, transform: Transform, metrics: Metrics,
+                 health: Health, limits: OutputLimits, consumer: Consumer,
+                 committer: Committer, policy: sm.Policy) -> None:
+        self.settings = settings
+        self.transform = transform
+        self.metrics = metrics
+        self.health = health
+        self.limits = limits
+        self.consumer = consumer
+        self.committer = committer
+        self.policy = policy
+        self.jobs = Jobs(on_abandoned=self._close_abandoned)
+        self.partitions: dict[TopicPartitionKey, Partition] = {}
+        self.recorded: list[BaseException] = []
+        self._topic_lookups: dict[str, Future[object]] = {}
+        self._produced: Tally[str] = Tally()
+        self._next_housekeeping = 0.0
+        self._assigning_since: float | None = None
+        reset = str(settings.consumer.get("auto.offset.reset", "earliest"))
+        self._no_offset = OFFSET_END if "latest" in reset or "end" in reset else OFFSET_BEGINNING
+
+    # --- one iteration ------------------------------------------------------------
+
+    def iterate(self) -> None:
+        self.health.beat()
+        messages = self.consumer.consume(self.settings.batch_size,
+                                         self.settings.poll_timeout_ms / 1000)
+        self.raise_recorded()
+        now = time.monotonic()
+        self.settle(now)
+        if messages:
+            self.process(messages, now)
+        self.tick(time.monotonic())
+
+    def settle(self, now: float) -> None:
+        """Dispatch what finished beside the loop: jobs, delivery reports, lookups."""
+        for partition, (event, error) in self.jobs.completions():
+            if error is not None:
+                raise error
+            if event is not None and self.partitions.get(partition.key) is partition:
+                self.dispatch(partition, event)  # type: ignore[arg-type]
+        for key, reported in self.committer.poll(now):
+            owner = self.partitions.get(key)
+            if owner is not None:
+                self.dispatch(owner, reported)
+        for topic, future in list(self._topic_lookups.items()):
+            if future.done():
+                del self._topic_lookups[topic]
+                for partition in list(self.partitions.values()):
+                    if partition.waiting_topic == topic:
+                        partition.waiting_topic = None
+                        self.dispatch(partition, sm.TopicResolved(topic))
+
+    def tick(self, now: float) -> None:
+        policy = self.policy
+        for partition in list(self.partitions.values()):
+            state = partition.state
+            if partition.batch_records:
+                self._tell_written(partition)
+                state = partition.state
+            if state.due(now, policy):
+                self.dispatch(partition, sm.CommitDue(now))
+            elif state.resume_at is not None or state.fenced_at is not None:
+                self.dispatch(partition, sm.Tick(now))
+        self._housekeeping(now)
+
+    # --- records ----------------------------------------------------------------
+
+    def process(self, messages: Iterable[Message], now: float) -> None:
+        partitions = self.partitions
+        consumed = 0
+        for msg in messages:
+            error = msg.error()
+            if error is not None:
+                self._consume_error(error)
+                continue
+            partition = partitions.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
+            if partition is not None and self._one(partition, msg, now):
+                consumed += 1
+        self.metrics.consumed.inc(consumed)
+        for partition in partitions.values():
+            if partition.batch_records:
+                self._tell_written(partition)
+        for topic, count in self._produced.items():
+            self.metrics.produced.labels(topic=topic).inc(count)
+        self._produced.clear()
+
+    def _one(self, partition: Partition, msg: Message, now: float) -> bool:
+        """Process one record; False when it was held or dropped."""
+        state = partition.state
+        if state.holding:
+            self._hold(partition, msg)
+            return False
+        if state.phase is not sm.Phase.ACTIVE or sm.Pause.BACKOFF in state.pauses:
+            return False  # fetched before a seek or a pause: it is read again later
+        offset: int = msg.offset()  # type: ignore[assignment]
+        if offset < partition.position:
+            return False  # a stale fetch from before a seek
+        if state.isolation is not None:
+            room = state.room()
+            if room is not None and room - partition.batch_records <= 0:
+                self.dispatch(partition, sm.CommitDue(now))  # the transaction is full
+                self._hold(partition, msg)
+                return False
+        record = to_record(msg)
+        started = time.perf_counter()
+        settings = self.settings
+        try:
+            if offset in state.refused:
+                result = refused(record, OutputRefusedError(state.refused[offset]),
+                                 settings.dlq_topic or None)
+            else:
+                result = process(self.transform, record, default_topic=settings.output_topic,
+                                 dlq_topic=settings.dlq_topic or None, max_bytes=self.limits)
+        except PoisonRecordError as exc:
+            self.dispatch(partition, sm.Poisoned(exc, now))
+            return False
+        except TopicLimitPending as exc:
+            self.dispatch(partition, sm.TopicUnknown(exc.topic))
+            self._hold(partition, msg)
+            return False
+        self.metrics.transform_seconds.observe(time.perf_counter() - started)
+        if result.error is not None:
+            self.metrics.dead_lettered.inc()
+            log.warning("record.dead_lettered", topic=record.topic, partition=record.partition,
+                        offset=offset, transactional_id=self.committer.transactional_id(
+                            partition.key),
+                        error_class=type(result.error).__name__, error=str(result.error))
+        try:
+            self.committer.write(partition.key, offset, result.outputs)
+        except KafkaOperationError as exc:
+            self._error_metric(exc)
+            self.dispatch(partition, sm.ProduceFailed(exc, now))
+            return False
+        if not partition.batch_records:
+            partition.batch_first, partition.batch_since = offset, now
+        partition.batch_next = partition.position = offset + 1
+        partition.batch_records += 1
+        produced = self._produced
+        for out in result.outputs:
+            produced[out.topic] += 1
+        return True
+
+    def _hold(self, partition: Partition, msg: Message) -> None:
+        partition.held.append(msg)
+        if len(partition.held) == self.policy.backlog_limit:
+            self.dispatch(partition, sm.BacklogFull())
+
+    def _tell_written(self, partition: Partition) -> None:
+        event = sm.Wrote(partition.batch_first, partition.batch_next, partition.batch_records,
+                         partition.batch_since)
+        partition.batch_records = 0
+        partition.state, _ = sm.transition(partition.state, event, self.policy)
+
+    # --- the state machine's decisions -------------------------------------------
+
+    def dispatch(self, partition: Partition, event: sm.Event) -> None:
+        if partition.batch_records:
+            self._tell_written(partition)
+        before = partition.state
+        partition.state, actions = sm.transition(before, event, self.policy)
+        if partition.state.phase is not before.phase:
+            log.debug("partition.phase", topic=partition.topic, partition=partition.partition,
+                      phase=partition.state.phase.value, on=type(event).__name__)
+        for action in actions:
+            self._execute(partition, action)
+
+    def _execute(self, partition: Partition, action: sm.Action) -> None:
+        match action:
+            case sm.PausePartition():
+                self.consumer.pause([partition.tp])
+            case sm.ResumePartition():
+                self.consumer.resume([partition.tp])
+            case sm.Seek(offset):
+                self._seek(partition, offset)
+            case sm.StartInit():
+                if not partition.releasing:
+                    self.jobs.start(partition, self.committer.init(partition.key))
+            case sm.LookupPosition():
+                if not partition.releasing:
+                    self.jobs.start(partition, self._lookup_position(partition))
+            case sm.StartCommit(txn):
+                self._run(partition, self.committer.commit(
+                    partition.key, txn, self._group_metadata()))
+            case sm.StartAbort(txn):
+                self._run(partition, self.committer.abort(partition.key, txn))
+            case sm.CloseProducer():
+                self.jobs.spawn(self.committer.close(partition.key))
+            case sm.Finish(txn, commit, reason):
+                work = self.committer.finish(partition.key, txn, commit, reason,
+                                             self._group_metadata())
+                if work is not None:
+                    self.jobs.start(partition, work)
+            case sm.Abandon():
+                partition.abandoned = True
+                if partition.job is None or partition.job[1].done():
+                    self._close_abandoned(partition)
+            case sm.DrainHeld():
+                held, partition.held = partition.held, []
+                if held and not partition.releasing:
+                    self.process(held, time.monotonic())
+            case sm.DropHeld():
+                partition.held.clear()
+            case sm.LookupTopic(topic):
+                self._lookup_topic(partition, topic)
+            case sm.Fail(error):
+                raise error
+            case _:
+                self._report(partition, action)
+
+    def _group_metadata(self) -> Callable[[], object]:
+        """The consumer's group metadata, taken now, on the loop thread: the
+        consumer must not be called from another thread (its calls there wait
+        while this thread sits in consume()). Taken as the commit starts, it is
+        the freshest generation the commit can carry."""
+        metadata = self.consumer.consumer_group_metadata()
+        return lambda: metadata
+
+    def _run(self, partition: Partition, work: object) -> None:
+        """A committer answer: an event now, or a job to run beside the loop."""
+        if callable(work):
+            self.jobs.start(partition, work)
+        else:
+            self.dispatch(partition, work)  # type: ignore[arg-type]
+
+    def _seek(self, partition: Partition, offset: int) -> None:
+        target = offset if offset >= 0 else self._no_offset
+        partition.position = max(offset, 0)
+        try:
+            self.consumer.seek(TopicPartition(partition.topic, partition.partition, target))
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if error is not None and error.code() == KafkaError._STATE:
+                # Not fetching yet (just assigned): librdkafka starts from the committed
+                # offset itself, which is what we read.
+                return
+            raise translate(exc, Where("seek", None, partition.topic, partition.partition,
+                                       offset)) from exc
+
+    def _lookup_position(self, partition: Partition) -> Job:
+        """The offset committed in Kafka, asked with RequireStable, so a transaction
+        still pending (ours being aborted, or a dead owner's) is settled first."""
+        topic, number = partition.key
+        deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000 + 30
+        cluster, group = self.limits.cluster, self.settings.group_id
+
+        def job() -> sm.Event:
+            while True:
+                try:
+                    return sm.Positioned(cluster.committed_offset(group, topic, number),
+                                         time.monotonic())
+                except KafkaOperationError as error:
+                    pending = isinstance(error, RetriableError) or \
+                        error.code == KafkaError.UNSTABLE_OFFSET_COMMIT
+                    if not pending or time.monotonic() >= deadline:
+                        return sm.PositionFailed(error)
+                    log.info("position.retry", topic=topic, partition=number, error=str(error))
+                    time.sleep(_LOOKUP_RETRY_S)
+        return job
+
+    def _lookup_topic(self, partition: Partition, topic: str) -> None:
+        partition.waiting_topic = topic
+        if topic not in self._topic_lookups:
+            self._topic_lookups[topic] = self.jobs.submit(lambda: self.limits.resolve(topic))
+
+    def _close_abandoned(self, partition: Partition) -> None:
+        self.jobs.spawn(self.committer.close(partition.key))
+
+    # --- reports: logs and metrics ------------------------------------------------
+
+    def _report(self, partition: Partition, action: sm.Action) -> None:
+        where = {"topic": partition.topic, "partition": partition.partition,
+                 "transactional_id": self.committer.transactional_id(partition.key)}
+        match action:
+            case sm.Committed(txn, seconds):
+                self.metrics.commit_seconds.observe(seconds)
+                self.metrics.committed.inc()
+                self.metrics.records_per_transaction.observe(txn.records)
+                self.metrics.last_commit.set_to_current_time()
+            case sm.Aborted(reason, txn, streak, cause):
+                self.metrics.aborted.labels(reason=reason).inc()
+                log.warning("transaction.aborted", **where, reason=reason, streak=streak,
+                            first_offset=txn.first if txn else None,
+                            last_offset=txn.last if txn else None, error=cause)
+            case sm.Fenced(txn, timed_out, cause):
+                self.metrics.producers_fenced.inc()
+                if txn is not None:
+                    self.metrics.aborted.labels(reason="timed_out" if timed_out else "fenced").inc()
+                log.warning("producer.fenced", **where, timed_out=timed_out, error=cause)
+                self.report_partitions()
+            case sm.Isolating(first, until):
+                log.warning("partition.isolating", **where, offsets=f"{first}..{until - 1}")
+            case sm.RecordRefused(offset, cause):
+                log.warning("record.output_refused", **where, offset=offset, error=cause)
+            case sm.Reclaiming():
+                log.info("producer.reclaimed", **where)
+            case _:
+                raise TypeError(f"no executor for {action!r}")
+
+    def _error_metric(self, error: KafkaOperationError) -> None:
+        self.metrics.kafka_errors.labels(op=error.where.op, action=error.action).inc()
+
+    def report_partitions(self) -> None:
+        """Readiness: a partition is ready once it processes records."""
+        ready = sum(1 for p in self.partitions.values() if p.state.ready)
+        self.health.partitions(len(self.partitions), ready)
+
+    def _housekeeping(self, now: float) -> None:
+        if self._assigning_since is not None and all(
+                p.state.ready for p in self.partitions.values()):
+            self.metrics.rebalance_seconds.observe(now - self._assigning_since)
+            self._assigning_since = None
+            self.report_partitions()
+        if now < self._next_housekeeping:
+            return
+        self._next_housekeeping = now + _HOUSEKEEPING_EVERY_S
+        self.report_partitions()
+        self.metrics.oldest_open_transaction.set(
+            max((p.state.age(now) for p in self.partitions.values()), default=0))
+        for partition in self.partitions.values():
+            _, high = self.consumer.get_watermark_offsets(partition.tp, cached=True)
+            if high is not None and high >= 0 and partition.position >= 0:
+                self.metrics.consumer_lag.labels(partition.topic, str(partition.partition)).set(
+                    max(high - partition.position, 0))
+
+    # --- partitions coming and going (called by the rebalance listener) ----------
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        now = time.monotonic()
+        self._assigning_since = self._assigning_since or now
+        for tp in partitions:
+            partition = Partition(tp.topic, tp.partition, now)
+            self.partitions[partition.key] = partition
+            partition.state, actions = sm.assigned()
+            for action in actions:
+                self._execute(partition, action)
+        self.report_partitions()
+
+    def release(self, keys: Iterable[TopicPartitionKey], *, lost: bool, reason: str,
+                deadline: float) -> None:
+        """Finish and forget these partitions by ``deadline``: first let the work in
+        flight end (revoke while committing or aborting), then release each as the
+        state machine says, in parallel, and wait for that too."""
+        leaving = [self.partitions[key] for key in keys if key in self.partitions]
+        for partition in leaving:
+            partition.releasing = True
+        for partition in leaving:
+            completion = self.jobs.wait(partition, deadline)
+            if completion is None:
+                continue
+            event, error = completion
+            if error is not None:
+                self.recorded.append(error)
+            elif event is not None:
+                self._dispatch_recording(partition, event)  # type: ignore[arg-type]
+        now = time.monotonic()
+        for partition in leaving:
+            self._dispatch_recording(partition, sm.Released(lost, now, reason))
+        for partition in leaving:
+            self.jobs.wait(partition, deadline)
+            if partition.job is not None:  # overran: close it when it ends
+                partition.abandoned = True
+            del self.partitions[partition.key]
+            with contextlib.suppress(KeyError):
+                self.metrics.consumer_lag.remove(partition.topic, str(partition.partition))
+        self.report_partitions()
+
+    def _dispatch_recording(self, partition: Partition, event: sm.Event) -> None:
+        try:
+            self.dispatch(partition, event)
+        except BaseException as exc:  # never raise inside a librdkafka callback
+            self.recorded.append(exc)
+
+    # --- errors -----------------------------------------------------------------
+
+    def record(self, exc: BaseException, where: str) -> None:
+        """Keep an error from a callback for the loop thread to raise."""
+        log.error("callback.failed", where=where, error=str(exc), error_class=type(exc).__name__)
+        self.recorded.append(exc)
+
+    def raise_recorded(self) -> None:
+        if self.recorded:
+            raise self.recorded[0]
+
+    def _consume_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            raise FatalError(Where("consume"), error)
+        log.warning("kafka.consume_error", code=error.name(), error=error.str())
+

@@ -1,0 +1,49 @@
+"""One assigned input partition at run time: its state, the records it holds while
+a commit or a lookup runs, and the background work in flight for it."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from confluent_kafka import Message, TopicPartition
+
+from service.stage.state import PartitionState, Phase
+
+TopicPartitionKey = tuple[str, int]
+
+
+class Partition:
+    """Mutable holder around the pure ``PartitionState``; the loop thread owns it."""
+
+    __slots__ = ("abandoned", "assigned_at", "batch_first", "batch_next", "batch_records",
+                 "batch_since", "held", "job", "key", "position", "releasing", "state", "tp",
+                 "waiting_topic")
+
+    def __init__(self, topic: str, partition: int, now: float) -> None:
+        self.key: TopicPartitionKey = (topic, partition)
+        self.tp = TopicPartition(topic, partition)
+        self.state = PartitionState(Phase.INITIALISING)
+        self.held: list[Message] = []     # records waiting, in order, for a commit or lookup
+        self.job: tuple[object, Future[Completion]] | None = None  # (token, future) in flight
+        self.position = -1                # next offset expected; older ones are stale fetches
+        self.batch_first = self.batch_next = self.batch_records = 0  # written, not yet told
+        self.batch_since = 0.0
+        self.releasing = False            # revoked, lost or stopping: start nothing new
+        self.abandoned = False            # released while a job ran: close when it ends
+        self.waiting_topic: str | None = None
+        self.assigned_at = now
+
+    @property
+    def topic(self) -> str:
+        return self.key[0]
+
+    @property
+    def partition(self) -> int:
+        return self.key[1]
+
+    def __repr__(self) -> str:
+        return f"Partition({self.topic}/{self.partition} {self.state.phase.value})"
+
+
+# What a finished job hands back: the event to dispatch (or None), or what it raised.
+Completion = tuple[object | None, BaseException | None]

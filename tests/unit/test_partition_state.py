@@ -1,0 +1,360 @@
+"""The partition state machine as a table: (state, event) -> (state, actions).
+
+Pure functions, so no mocks and no broker: each test walks a partition through the
+events one fault (or two at once) produces and checks what the loop is told to do.
+"""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError
+
+from service.delivery import Failure
+from service.errors import (
+    AbortableError,
+    FatalError,
+    FencedError,
+    KafkaOperationError,
+    PoisonRecordError,
+    RetriableError,
+    Where,
+)
+from service.stage import state as sm
+from service.stage.state import Pause, Phase
+
+POLICY = sm.Policy(commit_interval_s=0.1, commit_max_records=1000, max_abort_streak=4,
+                   retry_backoff_s=1.0, max_backoff_s=30.0, max_record_attempts=3,
+                   reclaim_after_s=6.0, transaction_timeout_s=2.0)
+
+
+def abortable(code: int = KafkaError._STATE, op: str = "produce") -> AbortableError:
+    return AbortableError(Where(op, "tid", "in", 0), KafkaError(code, "x", txn_requires_abort=True))
+
+
+def fenced(op: str = "abort_transaction") -> FencedError:
+    return FencedError(Where(op, "tid", "in", 0), KafkaError(KafkaError._FENCED, "fenced",
+                                                             fatal=True))
+
+
+def refused_at(offset: int | None, code: int = KafkaError.INVALID_RECORD) -> Failure:
+    return Failure(code, KafkaError(code).name(), "refused", offset)
+
+
+def kinds(actions: list[sm.Action]) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def step(state: sm.PartitionState, *events: sm.Event) -> tuple[sm.PartitionState,
+                                                               list[sm.Action]]:
+    actions: list[sm.Action] = []
+    for event in events:
+        state, actions = sm.transition(state, event, POLICY)
+    return state, actions
+
+
+def active(first: int = 0, records: int = 0, now: float = 0.0) -> sm.PartitionState:
+    """A partition that initialised, was positioned at ``first`` and wrote ``records``."""
+    state, _ = sm.assigned()
+    state, _ = step(state, sm.InitDone(now), sm.Positioned(first, now))
+    if records:
+        state, _ = step(state, sm.Wrote(first, first + records, records, now))
+    return state
+
+
+# ------------------------------------------------------------------ the happy path
+
+
+def test_a_new_partition_fetches_only_after_init_and_the_committed_offset() -> None:
+    state, actions = sm.assigned()
+    assert state.phase is Phase.INITIALISING and state.paused
+    assert kinds(actions) == ["PausePartition", "StartInit"]
+    state, actions = step(state, sm.InitDone(1.0))
+    assert state.phase is Phase.POSITIONING and state.paused
+    assert kinds(actions) == ["LookupPosition"]
+    state, actions = step(state, sm.Positioned(42, 1.1))
+    assert state.phase is Phase.ACTIVE and not state.paused
+    assert actions == [sm.Seek(42), sm.ResumePartition()]
+
+
+def test_records_open_a_transaction_that_commits_when_due() -> None:
+    state = active(10)
+    state, _ = step(state, sm.Wrote(10, 15, 5, 1.0), sm.Wrote(15, 20, 5, 1.05))
+    assert state.txn == sm.Txn(10, 20, 10, 1.0)
+    assert not state.due(1.05, POLICY) and state.due(1.1, POLICY)
+    state, actions = step(state, sm.CommitDue(1.1))
+    assert state.phase is Phase.COMMITTING and state.holding and not state.paused
+    assert actions == [sm.StartCommit(sm.Txn(10, 20, 10, 1.0))]
+    state, actions = step(state, sm.CommitDone(0.02, 1.2))
+    assert state.phase is Phase.ACTIVE and state.txn is None
+    assert kinds(actions) == ["Committed", "DrainHeld"]
+
+
+def test_a_slow_commit_with_too_many_held_records_pauses_until_it_ends() -> None:
+    state, _ = step(active(0, 5), sm.CommitDue(1.0))
+    state, actions = step(state, sm.BacklogFull())
+    assert Pause.BACKLOG in state.pause_reasons and actions == [sm.PausePartition()]
+    state, actions = step(state, sm.CommitDone(0.5, 1.5))
+    assert kinds(actions) == ["Committed", "DrainHeld", "ResumePartition"]
+
+
+# ------------------------------------------------------------------ one fault
+
+
+def test_an_abortable_produce_aborts_and_resumes_from_the_committed_offset() -> None:
+    state, actions = step(active(0, 5), sm.ProduceFailed(abortable(), 1.0))
+    assert state.phase is Phase.ABORTING and state.paused
+    assert kinds(actions) == ["PausePartition", "DropHeld", "StartAbort"]
+    state, actions = step(state, sm.AbortDone((), 1.1))
+    assert state.phase is Phase.POSITIONING and state.abort_streak == 1
+    assert kinds(actions) == ["Aborted", "LookupPosition"]
+    state, actions = step(state, sm.Positioned(0, 1.2))
+    assert actions == [sm.Seek(0), sm.ResumePartition()]
+
+
+def test_aborts_in_a_row_back_off_then_fail_naming_the_offsets() -> None:
+    state = active(7, 3)
+    for attempt in range(1, POLICY.max_abort_streak):
+        state, _ = step(state, sm.ProduceFailed(abortable(), 10.0), sm.AbortDone((), 10.0))
+        state, actions = step(state, sm.Positioned(7, 10.0))
+        assert (Pause.BACKOFF in state.pauses) == (attempt > 1)  # the first retry is at once
+        state, _ = step(state, sm.Tick(100.0), sm.Wrote(7, 10, 3, 100.0))
+    state, actions = step(state, sm.ProduceFailed(abortable(), 200.0), sm.AbortDone((), 200.0))
+    [fail] = actions
+    assert isinstance(fail, sm.Fail)
+    assert "4 aborts in a row; the last covered input offsets 7..9" in fail.error.__notes__[0]
+
+
+def test_a_commit_that_timed_out_is_never_aborted() -> None:
+    timed_out = RetriableError(Where("commit_transaction"),
+                               KafkaError(KafkaError._TIMED_OUT, "t", retriable=True))
+    state, _ = step(active(0, 5), sm.CommitDue(1.0))
+    state, actions = step(state, sm.CommitFailed(timed_out, (), 2.0))
+    assert state.commit_uncertain and kinds(actions) == ["Fail"]
+    state, actions = step(state, sm.Released(True, 3.0, "shutdown"))
+    assert "StartAbort" not in kinds(actions) and "Finish" not in kinds(actions)
+    assert kinds(actions) == ["DropHeld", "Abandon"]
+
+
+def test_a_fatal_error_fails_the_replica() -> None:
+    fatal = FatalError(Where("produce"), KafkaError(KafkaError._FATAL, "f", fatal=True))
+    _, actions = step(active(0, 1), sm.ProduceFailed(fatal, 1.0))
+    assert actions == [sm.Fail(fatal)]
+
+
+def test_poison_without_dead_letter_topic_commits_the_prefix_then_retries_from_kafka() -> None:
+    poison = PoisonRecordError("in", 0, 5, ValueError("bad"))
+    state, actions = step(active(0, 5), sm.Poisoned(poison, 1.0))
+    assert state.phase is Phase.COMMITTING and state.reposition_after_commit
+    assert Pause.BACKOFF in state.pauses
+    assert kinds(actions) == ["PausePartition", "Aborted", "StartCommit"]
+    state, actions = step(state, sm.CommitDone(0.01, 1.1))
+    assert state.phase is Phase.POSITIONING
+    assert kinds(actions) == ["Committed", "DropHeld", "LookupPosition"]
+    state, actions = step(state, sm.Positioned(5, 1.2))
+    assert actions == [sm.Seek(5)] and state.paused  # still backing off
+    state, actions = step(state, sm.Tick(2.5))
+    assert actions == [sm.ResumePartition()]
+
+
+def test_poison_fails_after_its_attempts() -> None:
+    poison = PoisonRecordError("in", 0, 0, ValueError("bad"))
+    state = active(0)
+    for _ in range(POLICY.max_record_attempts - 1):
+        state, _ = step(state, sm.Poisoned(poison, 1.0), sm.Positioned(0, 1.0), sm.Tick(99.0))
+    _, actions = step(state, sm.Poisoned(poison, 100.0))
+    assert actions == [sm.Fail(poison)]
+
+
+# ------------------------------------------------------------------ refused outputs
+
+
+def test_a_refused_output_named_by_its_delivery_report_is_dead_lettered_directly() -> None:
+    state, _ = step(active(40, 5), sm.ProduceFailed(abortable(), 1.0))
+    state, actions = step(state, sm.AbortDone((refused_at(42), refused_at(
+        43, KafkaError._INVALID_DIFFERENT_RECORD)), 1.1))
+    assert dict(state.refused) == {42: "INVALID_RECORD: refused"}
+    assert state.abort_streak == 0, "finding the record is progress, not a failed retry"
+    assert kinds(actions) == ["Aborted", "RecordRefused", "LookupPosition"]
+
+
+def test_refusal_while_committing_is_found_as_well() -> None:
+    state, _ = step(active(40, 5), sm.CommitDue(1.0))
+    state, _ = step(state, sm.CommitFailed(abortable(KafkaError.INVALID_RECORD,
+                                                     "commit_transaction"),
+                                           (refused_at(44),), 1.1))
+    state, _ = step(state, sm.AbortDone((), 1.2))
+    assert set(state.refused) == {44}
+
+
+def test_an_unattributed_refusal_is_found_by_bisection() -> None:
+    """Ten records, the sixth (offset 105) refused, reports naming no record: each
+    transaction holds half of what is left, so the record is found in a few aborts."""
+    culprit, first, records = 105, 100, 10
+    state = active(first, records)
+    aborts = 0
+    position = first
+    found: list[int] = []
+    for _ in range(20):
+        if state.phase is Phase.ACTIVE and state.txn is None:
+            room = state.room()
+            take = records - (position - first) if room is None else min(
+                room, records - (position - first))
+            state, _ = step(state, sm.Wrote(position, position + take, take, 1.0))
+        txn = state.txn
+        assert txn is not None
+        if txn.first <= culprit < txn.next and culprit not in state.refused:
+            aborts += 1
+            state, _ = step(state, sm.ProduceFailed(abortable(KafkaError.MSG_SIZE_TOO_LARGE), 1.0))
+            state, actions = step(state, sm.AbortDone(
+                (refused_at(None, KafkaError.MSG_SIZE_TOO_LARGE),), 1.0))
+            found += [a.offset for a in actions if isinstance(a, sm.RecordRefused)]
+            state, _ = step(state, sm.Positioned(txn.first, 1.0))
+            position = txn.first
+        else:
+            state, _ = step(state, sm.CommitDue(1.0), sm.CommitDone(0.01, 1.0))
+            position = txn.next
+            if position >= first + records:
+                break
+    assert found == [culprit]
+    assert aborts <= 5 and state.isolation is None and state.abort_streak == 0
+
+
+def test_a_refused_dead_letter_fails_instead_of_looping() -> None:
+    state, _ = step(active(42, 1), sm.ProduceFailed(abortable(), 1.0),
+                    sm.AbortDone((refused_at(42),), 1.0), sm.Positioned(42, 1.0),
+                    sm.Wrote(42, 43, 1, 1.0), sm.ProduceFailed(abortable(), 2.0))
+    _, actions = step(state, sm.AbortDone((refused_at(42),), 2.0))
+    assert kinds(actions) == ["Fail"]
+    assert "dead letter of offset 42 was refused" in actions[0].error.__notes__[0]  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------ two faults at once
+
+
+def test_abortable_then_fenced_resumes_from_kafka_not_from_memory() -> None:
+    """Defect 1: the abort after a refused output gets _FENCED (the coordinator timed
+    the transaction out). The partition must neither keep its in-memory position nor
+    commit past the aborted inputs: it waits, re-initialises, and asks Kafka."""
+    state = active(0, 6, now=0.0)
+    state, _ = step(state, sm.ProduceFailed(abortable(), 6.0))
+    state, actions = step(state, sm.AbortFailed(fenced(), 6.1))
+    assert state.phase is Phase.FENCED and state.txn is None
+    assert kinds(actions) == ["DropHeld", "CloseProducer", "Fenced"]
+    assert actions[-1] == sm.Fenced(sm.Txn(0, 6, 6, 0.0), True, str(fenced()))
+    state, actions = step(state, sm.Tick(10.0))
+    assert actions == [] and state.phase is Phase.FENCED
+    state, actions = step(state, sm.Tick(12.2))
+    assert state.phase is Phase.INITIALISING and kinds(actions) == ["Reclaiming", "StartInit"]
+    state, actions = step(state, sm.InitDone(12.5))
+    assert actions == [sm.LookupPosition()]
+    state, actions = step(state, sm.Positioned(0, 12.6))
+    assert actions[0] == sm.Seek(0), "the committed offset, not the aborted transaction's end"
+
+
+def test_fenced_on_commit_closes_the_producer_and_drops_held_records() -> None:
+    state, _ = step(active(0, 5), sm.CommitDue(1.0))
+    state, actions = step(state, sm.CommitFailed(fenced("commit_transaction"), (), 1.1))
+    assert state.phase is Phase.FENCED
+    assert kinds(actions) == ["PausePartition", "DropHeld", "CloseProducer", "Fenced"]
+
+
+def test_revoke_while_aborting_abandons_the_abort_to_finish_alone() -> None:
+    state, _ = step(active(0, 5), sm.ProduceFailed(abortable(), 1.0))
+    state, actions = step(state, sm.Released(False, 1.1))
+    assert state.phase is Phase.RELEASED and kinds(actions) == ["DropHeld", "Abandon"]
+    state, actions = step(state, sm.AbortDone((), 1.2))
+    assert actions == [] and state.phase is Phase.RELEASED, "a late completion changes nothing"
+
+
+def test_revoke_after_the_abort_ended_closes_without_committing() -> None:
+    state, _ = step(active(0, 5), sm.ProduceFailed(abortable(), 1.0), sm.AbortDone((), 1.1))
+    _, actions = step(state, sm.Released(False, 1.2))
+    assert actions == [sm.DropHeld(), sm.Finish(None, False, "revoked")]
+
+
+def test_revoke_commits_a_healthy_transaction_and_lost_never_does() -> None:
+    state = active(0, 5, now=1.0)
+    _, revoked = step(state, sm.Released(False, 1.1))
+    _, lost = step(state, sm.Released(True, 1.1, "lost"))
+    assert revoked[-1] == sm.Finish(sm.Txn(0, 5, 5, 1.0), True, "revoked")
+    assert lost[-1] == sm.Finish(sm.Txn(0, 5, 5, 1.0), False, "lost")
+
+
+def test_a_rebalance_during_a_commit_lets_it_end_before_releasing() -> None:
+    """The listener waits for the running commit; its completion then arrives before
+    Released, so the committed transaction is not aborted or committed twice."""
+    state, _ = step(active(0, 5), sm.CommitDue(1.0), sm.CommitDone(0.1, 1.1))
+    _, actions = step(state, sm.Released(False, 1.2))
+    assert actions == [sm.DropHeld(), sm.Finish(None, False, "revoked")]
+
+
+def test_fence_while_backing_off_resumes_only_when_every_reason_is_gone() -> None:
+    poison = PoisonRecordError("in", 0, 3, ValueError("bad"))
+    state, _ = step(active(0, 3), sm.Poisoned(poison, 1.0))  # commit + back off
+    state, actions = step(state, sm.CommitFailed(fenced("commit_transaction"), (), 1.1))
+    assert state.phase is Phase.FENCED
+    assert state.pause_reasons == {Pause.FENCED, Pause.BACKOFF}
+    state, actions = step(state, sm.Tick(3.0))  # backoff over, still fenced
+    assert actions == [] and state.pause_reasons == {Pause.FENCED}
+    state, _ = step(state, sm.Tick(8.0), sm.InitDone(8.1))
+    state, actions = step(state, sm.Positioned(0, 8.2))
+    assert actions == [sm.Seek(0), sm.ResumePartition()]
+
+
+def test_a_fence_on_init_waits_like_any_fence() -> None:
+    state, _ = sm.assigned()
+    state, actions = step(state, sm.InitFailed(fenced("init_transactions"), 1.0))
+    assert state.phase is Phase.FENCED and kinds(actions) == ["Fenced"]
+
+
+def test_at_least_once_delivery_failure_rewinds_and_dead_letters_the_named_record() -> None:
+    state = active(0, 50)
+    state, actions = step(state, sm.DeliveryFailed((refused_at(17),), 1.0))
+    assert kinds(actions) == ["PausePartition", "DropHeld", "StartAbort"]
+    assert actions[-1] == sm.StartAbort(None)
+    state, _ = step(state, sm.AbortDone((), 1.0))
+    assert set(state.refused) == {17} and state.phase is Phase.POSITIONING
+
+
+def test_an_unknown_output_topic_holds_the_partition_until_it_is_looked_up() -> None:
+    state, actions = step(active(0, 2), sm.TopicUnknown("elsewhere"))
+    assert state.holding and actions == [sm.PausePartition(), sm.LookupTopic("elsewhere")]
+    state, actions = step(state, sm.CommitDue(5.0))  # a commit may still come due
+    assert state.phase is Phase.COMMITTING
+    state, actions = step(state, sm.CommitDone(0.1, 5.1))
+    assert state.holding, "still waiting for the lookup"
+    state, actions = step(state, sm.TopicResolved("elsewhere"))
+    assert actions == [sm.DrainHeld(), sm.ResumePartition()]
+
+
+@pytest.mark.parametrize("event", [
+    sm.CommitDone(0.1, 1.0), sm.AbortDone((), 1.0), sm.InitDone(1.0), sm.Positioned(3, 1.0),
+    sm.CommitFailed(abortable(), (), 1.0), sm.AbortFailed(fenced(), 1.0),
+])
+def test_late_completions_after_release_change_nothing(event: sm.Event) -> None:
+    state, _ = step(active(0, 1), sm.Released(True, 0.5, "lost"))
+    assert step(state, event) == (state, [])
+
+
+def test_every_event_kind_has_a_handler() -> None:
+    events = sm.Event.__args__  # type: ignore[attr-defined]
+    for kind in events:
+        assert kind in sm._HANDLERS, kind
+
+
+def test_unknown_events_are_rejected() -> None:
+    with pytest.raises(TypeError):
+        sm.transition(active(), object(), POLICY)  # type: ignore[arg-type]
+
+
+def test_group_moved_on_during_send_offsets_is_abortable_for_that_partition() -> None:
+    from confluent_kafka import KafkaException
+
+    from service.errors import translate
+    for code in (KafkaError.STALE_MEMBER_EPOCH, KafkaError.ILLEGAL_GENERATION):
+        error = translate(KafkaException(KafkaError(code, "moved on")),
+                          Where("send_offsets_to_transaction", "tid", "in", 0))
+        assert isinstance(error, AbortableError), code
+    other = translate(KafkaException(KafkaError(KafkaError.ILLEGAL_GENERATION, "x")),
+                      Where("commit_offsets"))
+    assert isinstance(other, KafkaOperationError) and not isinstance(other, AbortableError)
