@@ -10,11 +10,33 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaExcep
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
-from service.errors import RetriableError, TopicLimitPending, Where, translate
+from service.errors import (
+    KafkaOperationError,
+    RetriableError,
+    TopicLimitPending,
+    Where,
+    translate,
+)
 from service.kafka_config import Config
 
 _TIMEOUT_S = 15.0
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's producer default
+
+
+# Admin answers that say "not now" rather than "no": the cluster is moving, slow or down.
+_TRANSIENT = frozenset({
+    KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+    KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.UNSTABLE_OFFSET_COMMIT,
+})
+
+
+def _translated(exc: KafkaException, where: Where) -> KafkaOperationError:
+    error = translate(exc, where)
+    if error.code in _TRANSIENT and not isinstance(error, RetriableError):
+        return RetriableError(where, error.error)
+    return error
 
 
 class UnknownTopicError(LookupError):
@@ -27,6 +49,7 @@ class Cluster:
     stage never needs the admin API for them (during a broker failure it may hang)."""
 
     def __init__(self, config: Config) -> None:
+        self._config = config
         self._admin = AdminClient(config)
         self._lock = threading.Lock()
         self._topic_configs: dict[str, dict[str, str]] = {}
@@ -37,7 +60,8 @@ class Cluster:
         except KafkaException as exc:
             raise translate(exc, Where("list_topics")) from exc
 
-    def committed_offset(self, group_id: str, topic: str, partition: int) -> int:
+    def committed_offset(self, group_id: str, topic: str, partition: int, *,
+                         require_stable: bool = True, timeout_s: float = _TIMEOUT_S) -> int:
         """The group's committed offset of one partition (< 0: none), asked with
         RequireStable: while a transaction holding offsets for it is still open the
         broker answers UNSTABLE_OFFSET_COMMIT (retriable) instead of a stale offset.
@@ -48,16 +72,26 @@ class Cluster:
         where = Where("committed", topic=topic, partition=partition)
         try:
             future = self._admin.list_consumer_group_offsets(
-                [request], require_stable=True, request_timeout=_TIMEOUT_S)[group_id]
-            [found] = future.result(timeout=_TIMEOUT_S + 5).topic_partitions
+                [request], require_stable=require_stable, request_timeout=timeout_s)[group_id]
+            [found] = future.result(timeout=timeout_s + 5).topic_partitions
         except TimeoutError as exc:
+            self._renew()
             raise RetriableError(where, KafkaError(
                 KafkaError._TIMED_OUT, f"no answer within {_TIMEOUT_S} s", retriable=True)) from exc
         except KafkaException as exc:
-            raise translate(exc, where) from exc
+            error = _translated(exc, where)
+            if error.code == KafkaError._TIMED_OUT:
+                self._renew()
+            raise error from exc
         if found.error is not None:
-            raise translate(KafkaException(found.error), where)
+            raise _translated(KafkaException(found.error), where)
         return int(found.offset)
+
+    def _renew(self) -> None:
+        """A fresh client after a time-out: after a broker restart, an AdminClient was
+        seen timing out every group-offset request while new clients got answers."""
+        with self._lock:
+            self._admin = AdminClient(self._config)
 
     def topic_config(self, topic: str) -> dict[str, str]:
         with self._lock:

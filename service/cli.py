@@ -94,14 +94,25 @@ def _run(settings: Settings) -> int:
         health.fatal(str(exc))
         log.error("stage.failed", reason="poison_record", topic=exc.topic,
                   partition=exc.partition, offset=exc.offset, error=str(exc))
-        return EXIT_POISON
+        return _exit_now_if_stuck(stage, EXIT_POISON)
     except Exception as exc:
         health.fatal(str(exc))
         log.exception("stage.failed", error=_describe(exc))
-        return EXIT_FATAL
+        return _exit_now_if_stuck(stage, EXIT_FATAL)
     finally:
         server.close()
-    return EXIT_OK
+    return _exit_now_if_stuck(stage, EXIT_OK)
+
+
+def _exit_now_if_stuck(stage: Stage, code: int) -> int:
+    """Everything that could be committed or closed was; a Kafka call still stuck in
+    a job thread must not hold the exit (the interpreter would join that thread)."""
+    if stage.loop.jobs.busy:
+        log.warning("stage.exit_with_work_running", exit_code=code)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _describe(exc: BaseException) -> str:

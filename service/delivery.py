@@ -1,15 +1,15 @@
 """Failed deliveries: what a delivery report says about one output, and which input
-record it came from (its lineage header). Shared by both committers and the state
+record it came from. Shared by both committers and the state
 machine, so a refused output is traced to its record the same way in either mode."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from confluent_kafka import KafkaError, Message
-
-from service import lineage
 
 # Broker answers that refuse a record itself: sending it again cannot help.
 # _INVALID_DIFFERENT_RECORD marks the innocent neighbours of a refused record in
@@ -37,17 +37,6 @@ class Failure:
         return self.code in REFUSALS
 
 
-def failure_of(error: KafkaError, message: Message | None) -> Failure:
-    offset = None
-    if message is not None:
-        try:
-            found = lineage.read(message.headers())  # type: ignore[arg-type]
-        except (ValueError, UnicodeDecodeError):
-            found = None
-        offset = found.offset if found is not None else None
-    return Failure(error.code(), error.name(), error.str(), offset)
-
-
 class DeliveryFailures:
     """An ``on_delivery`` callback that keeps every failed output except purges.
 
@@ -59,12 +48,17 @@ class DeliveryFailures:
         self._failures: list[Failure] = []
 
     def __call__(self, error: KafkaError | None, message: Message) -> None:
+        self.record(None, error, message)
+
+    def for_record(self, offset: int) -> Callable[[KafkaError | None, Message], None]:
+        """A per-message callback naming the input record (delivery reports carry no
+        headers, so lineage cannot name it afterwards). One per input record."""
+        return partial(self.record, offset)
+
+    def record(self, offset: int | None, error: KafkaError | None, message: Message) -> None:
         if error is None or error.code() in _PURGED:
             return
-        try:
-            failure = failure_of(error, message)
-        except Exception:  # never raise into librdkafka
-            failure = Failure(error.code(), error.name(), error.str(), None)
+        failure = Failure(error.code(), error.name(), error.str(), offset)
         with self._lock:
             if len(self._failures) < _KEEP_AT_MOST:
                 self._failures.append(failure)

@@ -59,6 +59,7 @@ class PinnedProducer:
         self.topic, self.partition = topic, partition
         self.deadline_s = deadline_s
         self.deliveries = DeliveryFailures()
+        self.in_transaction = False  # begun, not yet committed or aborted
         self.closed = False
         self._close_lock = threading.Lock()
         self._fatal: KafkaError | None = None
@@ -133,26 +134,38 @@ class PinnedProducer:
         self._retrying("init_transactions", self._producer.init_transactions)
 
     def take_failures(self) -> tuple[Failure, ...]:
-        """Serve queued delivery reports, then hand over the failed outputs seen so far."""
-        self._producer.poll(0)
+        """Serve queued delivery reports, then hand over the failed outputs seen so far.
+        Never raises: a fenced producer's poll() raises its fatal error again."""
+        try:
+            self._producer.poll(0)
+        except KafkaException as exc:
+            log.debug("producer.poll_failed", transactional_id=self.transactional_id,
+                      error=str(exc))
         return self.deliveries.take()
 
     def begin(self) -> None:
         self.deliveries.take()  # a failure of an earlier, aborted transaction is not ours
         with self._translated("begin_transaction"):
             self._producer.begin_transaction()
+        self.in_transaction = True
 
-    def produce(self, out: Produced, offset: int) -> None:
+    def produce(self, out: Produced, offset: int,
+                report: Callable[[KafkaError | None, Message], None] | None = None) -> None:
         """Queue one output; waits (serving callbacks) while the local queue is full.
 
         The hot path (one call per output): a plain try, nothing built unless it fails.
         """
         try:
-            self._producer.produce(out.topic, out.value, out.key,
-                                   headers=out.headers)  # type: ignore[arg-type]
+            if report is None:
+                self._producer.produce(out.topic, out.value, out.key,
+                                       headers=out.headers)  # type: ignore[arg-type]
+            else:
+                self._producer.produce(out.topic, out.value, out.key,
+                                       headers=out.headers,  # type: ignore[arg-type]
+                                       on_delivery=report)
         except BufferError:
             with self._translated("produce", offset):
-                produce(self._producer, out)
+                produce(self._producer, out, report)
         except KafkaException as exc:
             raise self._translate(exc, "produce", offset) from exc
 
@@ -164,11 +177,15 @@ class PinnedProducer:
     def commit(self) -> None:
         """commit_transaction; a time-out is retried, never answered with an abort."""
         self._retrying("commit_transaction", self._producer.commit_transaction)
+        self.in_transaction = False
 
     def abort(self) -> None:
         """abort_transaction; the failed outputs that made it necessary stay in
         ``deliveries`` (``take_failures``): they name the real cause."""
-        self._retrying("abort_transaction", self._producer.abort_transaction)
+        try:
+            self._retrying("abort_transaction", self._producer.abort_transaction)
+        finally:
+            self.in_transaction = False
 
     def poll(self) -> None:
         self._producer.poll(0)

@@ -72,8 +72,9 @@ class Stage:
         )
         self.loop = Loop(settings, transform, metrics, health, limits, self.consumer, committer,
                          policy)
+        # A revoke waits this long for commits in flight (the group waits with it).
         self.listener = RebalanceListener(self.loop, metrics, health,
-                                          release_s=settings.shutdown_timeout_s)
+                                          release_s=min(settings.shutdown_timeout_s, 10.0))
         self.watchdog = Watchdog(self._leave_group)
 
     def run(self) -> None:

@@ -7,7 +7,9 @@ blamed on its own partition and record, never on whichever partitions happen to
 be due. Offsets advance only across sealed windows whose outputs were all
 delivered, and are committed asynchronously: the loop never waits for a flush.
 A failed window makes its partition rewind to the offset committed in Kafka;
-a refused output's record is dead-lettered, as in exactly-once mode.
+a refused output's record is dead-lettered, as in exactly-once mode. Each output's
+report names its input record; when the broker refuses a whole batch, every
+record it names is dead-lettered (there is no transaction to bisect with).
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from service.delivery import Failure, failure_of
+from service.delivery import Failure
 from service.errors import Where, translate
 from service.kafka_config import producer_config
 from service.logs import error_cb, librdkafka_logger
@@ -40,7 +43,7 @@ _FLUSH_ON_RELEASE_S = 10.0
 class Window:
     """The outputs of a run of input records of one partition."""
 
-    __slots__ = ("dead", "failures", "first", "next", "pending", "report", "sealed")
+    __slots__ = ("dead", "failures", "first", "next", "pending", "sealed")
 
     def __init__(self, first: int) -> None:
         self.first = self.next = first
@@ -48,16 +51,13 @@ class Window:
         self.sealed = False    # no more records join it
         self.dead = False      # its partition rewound: late reports do not matter
         self.failures: list[Failure] = []
-        self.report = self._report  # bound once: one per produce() would cost
 
-    def _report(self, error: KafkaError | None, message: Message) -> None:
-        """on_delivery, on the thread that polls; never raises."""
+    def report(self, offset: int, error: KafkaError | None, message: Message) -> None:
+        """on_delivery (bound to the input record's offset: delivery reports carry
+        no headers), on the thread that polls; never raises."""
         self.pending -= 1
         if error is not None and not self.dead:
-            try:
-                self.failures.append(failure_of(error, message))
-            except Exception:
-                self.failures.append(Failure(error.code(), error.name(), error.str(), None))
+            self.failures.append(Failure(error.code(), error.name(), error.str(), offset))
 
     @property
     def delivered(self) -> bool:
@@ -91,7 +91,7 @@ class AtLeastOnce:
         if window is None:
             window = self._open[key] = Window(offset)
             self._windows.setdefault(key, deque()).append(window)
-        report = window.report
+        report = partial(window.report, offset)  # one per input record, not per output
         producer = self._producer
         for out in outputs:
             try:  # the hot path: nothing built unless it fails
@@ -108,7 +108,7 @@ class AtLeastOnce:
         window = self._open.pop(key, None)
         if window is not None:
             window.sealed = True
-        return CommitDone(0.0, time.monotonic())
+        return CommitDone(-1.0, time.monotonic())  # sealed; its offsets commit once delivered
 
     def abort(self, key: TopicPartitionKey, txn: Txn | None) -> Event:
         """Nothing sent can be recalled: forget the windows; what follows the
@@ -149,7 +149,6 @@ class AtLeastOnce:
                    for (topic, partition), offset in chosen.items()]
         started = time.monotonic()
         self._commit_offsets(offsets, not wait)
-        self._metrics.committed.inc(len(offsets))
         if wait:
             self._metrics.commit_seconds.observe(time.monotonic() - started)
         self._metrics.last_commit.set_to_current_time()
@@ -173,10 +172,9 @@ class AtLeastOnce:
                             error=str(exc))
         self._forget(key)
 
-    def close(self, key: TopicPartitionKey) -> Job:
-        def job() -> None:
-            self._forget(key)
-        return job
+    def detach(self, key: TopicPartitionKey) -> Job:
+        self._forget(key)  # the shared producer stays; late reports no longer count
+        return lambda: None
 
     def shutdown(self, timeout_s: float) -> None:
         self._producer.flush(max(timeout_s, 0.0))

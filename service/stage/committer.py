@@ -38,8 +38,9 @@ class Committer(Protocol):
         """Released: commit (falling back to an abort) or abort, then close; a job,
         or None when it was done at once (on the loop thread)."""
 
-    def close(self, key: TopicPartitionKey) -> Job:
-        """Close the partition's producer without committing anything."""
+    def detach(self, key: TopicPartitionKey) -> Job:
+        """Take the partition's producer out of use now (a new incarnation of the
+        partition gets its own); the job closes it without committing anything."""
 
     def poll(self, now: float) -> list[tuple[TopicPartitionKey, Event]]:
         """Serve delivery reports; events for partitions whose outputs failed."""

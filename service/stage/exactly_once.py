@@ -37,13 +37,17 @@ log = structlog.get_logger(__name__)
 
 
 class ExactlyOnce:
-    """The pinned producers of the partitions this replica owns."""
+    """The pinned producers of the partitions this replica owns.
+
+    A job holds the producer object it was started with, not the partition's key:
+    once a partition is released or fenced its producer is *detached* at once (on
+    the loop thread), so a new incarnation of the partition (re-assigned, or
+    reclaimed) never shares or closes a producer an old job still uses."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self._settings = settings
         self._metrics = metrics
         self._producers: dict[TopicPartitionKey, PinnedProducer] = {}
-        self._open: set[TopicPartitionKey] = set()  # a transaction was begun
         self._logger = librdkafka_logger("producer")
         # init_transactions may wait out a dead owner's transaction: allow the
         # whole transaction timeout plus a margin before calling it fatal.
@@ -54,7 +58,6 @@ class ExactlyOnce:
 
     def init(self, key: TopicPartitionKey) -> Job:
         def job() -> Event:
-            self._drop(key)  # a reclaim replaces a fenced producer
             tid = self.transactional_id(key)
             started = time.monotonic()
             producer = None
@@ -69,6 +72,7 @@ class ExactlyOnce:
                     producer.close()
                 return InitFailed(exc, time.monotonic())
             seconds = time.monotonic() - started
+            _close(self._producers.pop(key, None))  # none is expected: detached before
             self._producers[key] = producer
             self._metrics.producer_init_seconds.observe(seconds)
             self._metrics.pinned_producers.set(len(self._producers))
@@ -79,11 +83,12 @@ class ExactlyOnce:
 
     def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
         producer = self._producers[key]
-        if key not in self._open:
+        if not producer.in_transaction:
             producer.begin()
-            self._open.add(key)
-        for out in outputs:
-            producer.produce(out, offset)
+        if outputs:  # a failed output's report names its input record
+            report = producer.deliveries.for_record(offset)
+            for out in outputs:
+                producer.produce(out, offset, report)
 
     def commit(self, key: TopicPartitionKey, txn: Txn, group_metadata: GroupMetadata) -> Job:
         producer = self._producers[key]
@@ -94,7 +99,6 @@ class ExactlyOnce:
                 transaction.commit(producer, txn.next, group_metadata)
             except KafkaOperationError as exc:
                 return CommitFailed(exc, producer.take_failures(), time.monotonic())
-            self._open.discard(key)
             return CommitDone(time.monotonic() - started, time.monotonic())
         return job
 
@@ -102,27 +106,26 @@ class ExactlyOnce:
         producer = self._producers[key]
 
         def job() -> Event:
-            if key in self._open:
+            if producer.in_transaction:
                 try:
                     producer.abort()
                 except KafkaOperationError as exc:
                     return AbortFailed(exc, time.monotonic())
-                finally:
-                    self._open.discard(key)
             return AbortDone(producer.take_failures(), time.monotonic())
         return job
 
     def finish(self, key: TopicPartitionKey, txn: Txn | None, commit: bool, reason: str,
-               group_metadata: GroupMetadata) -> Job:
+               group_metadata: GroupMetadata) -> Job | None:
+        producer = self._detach(key)
+        if producer is None:
+            return None
+
         def job() -> None:
-            producer = self._producers.get(key)
-            if producer is None:
-                return
             try:
-                if key in self._open:
+                if producer.in_transaction:
                     self._finish(producer, txn, commit, reason, group_metadata)
             finally:
-                self._drop(key)
+                _close(producer)
         return job
 
     def _finish(self, producer: PinnedProducer, txn: Txn | None, commit: bool, reason: str,
@@ -153,25 +156,30 @@ class ExactlyOnce:
         self._metrics.aborted.labels(reason=reason).inc()
         log.info("transaction.aborted", transactional_id=tid, reason=reason)
 
-    def close(self, key: TopicPartitionKey) -> Job:
-        def job() -> None:
-            self._drop(key)
-        return job
+    def detach(self, key: TopicPartitionKey) -> Job:
+        """Take the partition's producer out now; the job closes it (run it once the
+        job still using it has ended)."""
+        producer = self._detach(key)
+        return lambda: _close(producer)
 
-    def _drop(self, key: TopicPartitionKey) -> None:
+    def _detach(self, key: TopicPartitionKey) -> PinnedProducer | None:
         producer = self._producers.pop(key, None)
-        self._open.discard(key)
-        if producer is not None:
-            try:
-                producer.close()
-            except Exception as exc:  # closing must not stop the others from closing
-                log.warning("producer.close_failed", transactional_id=producer.transactional_id,
-                            error=str(exc))
         self._metrics.pinned_producers.set(len(self._producers))
+        return producer
 
     def poll(self, now: float) -> list[tuple[TopicPartitionKey, Event]]:
         return []  # failed outputs surface in the transaction's own calls
 
     def shutdown(self, timeout_s: float) -> None:
         for key in list(self._producers):
-            self._drop(key)
+            _close(self._detach(key))
+
+
+def _close(producer: PinnedProducer | None) -> None:
+    if producer is None:
+        return
+    try:
+        producer.close()
+    except Exception as exc:  # closing must not stop the others from closing
+        log.warning("producer.close_failed", transactional_id=producer.transactional_id,
+                    error=str(exc))

@@ -5,10 +5,12 @@ loop drains between batches; the rebalance listener may instead wait for one."""
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TypeVar
 
 import structlog
 
@@ -16,13 +18,15 @@ from service.stage.partition import Completion, Partition
 from service.stage.state import Event
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 
 class Jobs:
-    def __init__(self, on_abandoned: Callable[[Partition], None], workers: int = 16) -> None:
+    def __init__(self, workers: int = 16) -> None:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="txstage-job")
         self._done: queue.SimpleQueue[tuple[Partition, object, Completion]] = queue.SimpleQueue()
-        self._on_abandoned = on_abandoned
+        self._lock = threading.Lock()
+        self._running = 0
 
     def start(self, partition: Partition, job: Callable[[], Event | None]) -> None:
         """Run ``job`` for ``partition``; its completion is the partition's next event."""
@@ -34,11 +38,21 @@ class Jobs:
             except BaseException as exc:  # raised on the loop thread when collected
                 completion = (None, exc)
             self._done.put((partition, token, completion))
-            if partition.abandoned:
-                self._on_abandoned(partition)
+            then = partition.on_abandon
+            if then is not None:
+                partition.on_abandon = None
+                then()
             return completion
 
-        partition.job = (token, self._executor.submit(run))
+        partition.job = (token, self._executor.submit(self._counted(run)))
+
+    def abandon(self, partition: Partition, then: Callable[[], object]) -> None:
+        """The partition is gone; run ``then`` once its job (if any) has ended."""
+        partition.on_abandon = then
+        job = partition.job
+        if (job is None or job[1].done()) and partition.on_abandon is then:
+            partition.on_abandon = None  # the job ended before it could see ``then``
+            self.spawn(then)
 
     def spawn(self, job: Callable[[], object]) -> Future[object]:
         """Fire and forget (closing a producer); failures are logged."""
@@ -48,10 +62,10 @@ class Jobs:
             except Exception as exc:
                 log.warning("job.failed", error=str(exc), error_class=type(exc).__name__)
                 return None
-        return self._executor.submit(run)
+        return self._executor.submit(self._counted(run))
 
     def submit(self, job: Callable[[], object]) -> Future[object]:
-        return self._executor.submit(job)
+        return self._executor.submit(self._counted(job))
 
     def completions(self) -> Iterator[tuple[Partition, Completion]]:
         """Finished jobs whose partition still waits for them, oldest first."""
@@ -81,3 +95,19 @@ class Jobs:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def busy(self) -> bool:
+        """A job still runs (stuck on Kafka past the shutdown budget, say)."""
+        return self._running > 0
+
+    def _counted(self, job: Callable[[], T]) -> Callable[[], T]:
+        def run() -> T:
+            with self._lock:
+                self._running += 1
+            try:
+                return job()
+            finally:
+                with self._lock:
+                    self._running -= 1
+        return run

@@ -53,6 +53,7 @@ log = structlog.get_logger(__name__)
 
 _HOUSEKEEPING_EVERY_S = 1.0
 _LOOKUP_RETRY_S = 0.2
+_STABLE_READ_S = 5.0
 
 
 class Loop:
@@ -69,7 +70,7 @@ class Loop:
         self.consumer = consumer
         self.committer = committer
         self.policy = policy
-        self.jobs = Jobs(on_abandoned=self._close_abandoned)
+        self.jobs = Jobs()
         self.partitions: dict[TopicPartitionKey, Partition] = {}
         self.recorded: list[BaseException] = []
         self._topic_lookups: dict[str, Future[object]] = {}
@@ -189,7 +190,6 @@ class Loop:
         try:
             self.committer.write(partition.key, offset, result.outputs)
         except KafkaOperationError as exc:
-            self._error_metric(exc)
             self.dispatch(partition, sm.ProduceFailed(exc, now))
             return False
         if not partition.batch_records:
@@ -217,6 +217,9 @@ class Loop:
     def dispatch(self, partition: Partition, event: sm.Event) -> None:
         if partition.batch_records:
             self._tell_written(partition)
+        error = getattr(event, "error", None)
+        if isinstance(error, KafkaOperationError):
+            self._error_metric(error)
         before = partition.state
         partition.state, actions = sm.transition(before, event, self.policy)
         if partition.state.phase is not before.phase:
@@ -245,16 +248,14 @@ class Loop:
             case sm.StartAbort(txn):
                 self._run(partition, self.committer.abort(partition.key, txn))
             case sm.CloseProducer():
-                self.jobs.spawn(self.committer.close(partition.key))
+                self.jobs.spawn(self.committer.detach(partition.key))
             case sm.Finish(txn, commit, reason):
                 work = self.committer.finish(partition.key, txn, commit, reason,
                                              self._group_metadata())
                 if work is not None:
                     self.jobs.start(partition, work)
             case sm.Abandon():
-                partition.abandoned = True
-                if partition.job is None or partition.job[1].done():
-                    self._close_abandoned(partition)
+                self.jobs.abandon(partition, self.committer.detach(partition.key))
             case sm.DrainHeld():
                 held, partition.held = partition.held, []
                 if held and not partition.releasing:
@@ -298,23 +299,31 @@ class Loop:
                                        offset)) from exc
 
     def _lookup_position(self, partition: Partition) -> Job:
-        """The offset committed in Kafka, asked with RequireStable, so a transaction
-        still pending (ours being aborted, or a dead owner's) is settled first."""
+        """The offset committed in Kafka. Asked with RequireStable, so a transaction
+        still holding offsets for the partition settles first. This runs only after
+        this replica's own init_transactions or abort_transaction returned, and both
+        return only once every earlier transaction of the partition's id is
+        complete; so when the broker does not answer a stable read in time (seen
+        after a broker restart), the plain committed offset is just as right."""
         topic, number = partition.key
         deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000 + 30
         cluster, group = self.limits.cluster, self.settings.group_id
 
         def job() -> sm.Event:
+            stable = True
             while True:
                 try:
-                    return sm.Positioned(cluster.committed_offset(group, topic, number),
-                                         time.monotonic())
+                    offset = cluster.committed_offset(group, topic, number, require_stable=stable,
+                                                      timeout_s=_STABLE_READ_S)
+                    return sm.Positioned(offset, time.monotonic())
                 except KafkaOperationError as error:
                     pending = isinstance(error, RetriableError) or \
                         error.code == KafkaError.UNSTABLE_OFFSET_COMMIT
                     if not pending or time.monotonic() >= deadline:
                         return sm.PositionFailed(error)
-                    log.info("position.retry", topic=topic, partition=number, error=str(error))
+                    stable = error.code != KafkaError._TIMED_OUT
+                    log.info("position.retry", topic=topic, partition=number, error=str(error),
+                             stable=stable)
                     time.sleep(_LOOKUP_RETRY_S)
         return job
 
@@ -323,9 +332,6 @@ class Loop:
         if topic not in self._topic_lookups:
             self._topic_lookups[topic] = self.jobs.submit(lambda: self.limits.resolve(topic))
 
-    def _close_abandoned(self, partition: Partition) -> None:
-        self.jobs.spawn(self.committer.close(partition.key))
-
     # --- reports: logs and metrics ------------------------------------------------
 
     def _report(self, partition: Partition, action: sm.Action) -> None:
@@ -333,10 +339,15 @@ class Loop:
                  "transactional_id": self.committer.transactional_id(partition.key)}
         match action:
             case sm.Committed(txn, seconds):
-                self.metrics.commit_seconds.observe(seconds)
+                if seconds >= 0:  # at-least-once seals a window: its offsets commit later
+                    self.metrics.commit_seconds.observe(seconds)
                 self.metrics.committed.inc()
                 self.metrics.records_per_transaction.observe(txn.records)
                 self.metrics.last_commit.set_to_current_time()
+            case sm.Aborted("poison", _, attempt, cause):
+                self.metrics.aborted.labels(reason="poison").inc()
+                log.error("record.poison", **where, attempt=attempt,
+                          max_attempts=self.policy.max_record_attempts, error=cause)
             case sm.Aborted(reason, txn, streak, cause):
                 self.metrics.aborted.labels(reason=reason).inc()
                 log.warning("transaction.aborted", **where, reason=reason, streak=streak,
@@ -417,9 +428,7 @@ class Loop:
         for partition in leaving:
             self._dispatch_recording(partition, sm.Released(lost, now, reason))
         for partition in leaving:
-            self.jobs.wait(partition, deadline)
-            if partition.job is not None:  # overran: close it when it ends
-                partition.abandoned = True
+            self.jobs.wait(partition, deadline)  # a Finish that overruns closes its own producer
             del self.partitions[partition.key]
             with contextlib.suppress(KeyError):
                 self.metrics.consumer_lag.remove(partition.topic, str(partition.partition))

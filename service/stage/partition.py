@@ -3,6 +3,7 @@ a commit or a lookup runs, and the background work in flight for it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from confluent_kafka import Message, TopicPartition
@@ -15,9 +16,22 @@ TopicPartitionKey = tuple[str, int]
 class Partition:
     """Mutable holder around the pure ``PartitionState``; the loop thread owns it."""
 
-    __slots__ = ("abandoned", "assigned_at", "batch_first", "batch_next", "batch_records",
-                 "batch_since", "held", "job", "key", "position", "releasing", "state", "tp",
-                 "waiting_topic")
+    __slots__ = (
+        "assigned_at",
+        "batch_first",
+        "batch_next",
+        "batch_records",
+        "batch_since",
+        "held",
+        "job",
+        "key",
+        "on_abandon",
+        "position",
+        "releasing",
+        "state",
+        "tp",
+        "waiting_topic",
+    )
 
     def __init__(self, topic: str, partition: int, now: float) -> None:
         self.key: TopicPartitionKey = (topic, partition)
@@ -29,7 +43,8 @@ class Partition:
         self.batch_first = self.batch_next = self.batch_records = 0  # written, not yet told
         self.batch_since = 0.0
         self.releasing = False            # revoked, lost or stopping: start nothing new
-        self.abandoned = False            # released while a job ran: close when it ends
+        # Released while a job ran: what to do (close its producer) once it ends.
+        self.on_abandon: Callable[[], object] | None = None
         self.waiting_topic: str | None = None
         self.assigned_at = now
 

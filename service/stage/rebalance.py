@@ -48,10 +48,11 @@ class RebalanceListener:
         kind = "lost" if lost else "revoked"
         self._metrics.rebalances.labels(kind=kind).inc()
         keys = [(tp.topic, tp.partition) for tp in partitions]
+        if deadline is None:  # lost: nothing in flight can still commit, so wait for none
+            deadline = time.monotonic() + (0.0 if lost else self._release_s)
         if not self.abandoning:
             try:
-                self._loop.release(keys, lost=lost, reason=reason,
-                                   deadline=deadline or time.monotonic() + self._release_s)
+                self._loop.release(keys, lost=lost, reason=reason, deadline=deadline)
             except BaseException as exc:
                 self._loop.record(exc, "rebalance")
         log.info(f"partitions.{kind}", partitions=_names(partitions),

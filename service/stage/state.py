@@ -29,8 +29,6 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TypeVar
 
-from confluent_kafka import KafkaError
-
 from service.delivery import REFUSALS, Failure
 from service.errors import (
     AbortableError,
@@ -525,9 +523,10 @@ def _commit_done(state: PartitionState, event: CommitDone, policy: Policy) -> St
         isolation = None if txn.next >= isolation.until or remaining <= 0 else \
             Isolation(isolation.until, remaining, max(1, math.ceil(remaining / 2)))
     poison = state.poison_offset
+    # Refused offsets stay until Kafka's committed offset passes them (Positioned):
+    # an at-least-once "commit" only seals a window, and a rewind may go back before it.
     committed = replace(
         state, txn=None, abort_streak=0, isolation=isolation,
-        refused={o: why for o, why in state.refused.items() if o >= txn.next},
         poison_offset=None if poison is not None and txn.next > poison else poison,
         poison_attempts=0 if poison is not None and txn.next > poison else state.poison_attempts,
         pauses=state.pauses - {Pause.BACKLOG})
@@ -654,12 +653,12 @@ def _poisoned(state: PartitionState, event: Poisoned, policy: Policy) -> Step:
         return _ignored(state)
     offset = event.error.offset
     attempts = state.poison_attempts + 1 if state.poison_offset == offset else 1
+    report = Aborted("poison", None, attempts, str(event.error))
     if attempts >= policy.max_record_attempts:
-        return state, [Fail(event.error)]
+        return state, [report, Fail(event.error)]
     resume_at = event.now + _backoff(attempts, policy)
     state = replace(state, poison_offset=offset, poison_attempts=attempts, resume_at=resume_at,
                     pauses=state.pauses | {Pause.BACKOFF})
-    report = Aborted("poison", None, attempts, str(event.error))
     if state.txn is not None:
         # The poison record's outputs were never produced: what is open is a healthy
         # prefix. Commit it; Kafka's committed offset is then the poison record.
@@ -729,19 +728,20 @@ def _culprits(refusals: list[Failure], txn: Txn | None) -> set[int] | None:
     """The input offsets whose outputs the broker refused, or None when the reports
     cannot tell (then the transaction's range is bisected).
 
-    INVALID_RECORD names its record (the broker lists record errors; librdkafka
-    gives the innocent records of the batch _INVALID_DIFFERENT_RECORD). Other
-    refusals may cover a whole batch. A transaction of one record is its culprit.
-    Without a transaction (at-least-once) every report is per output, so the
-    offsets it names are taken as they are."""
+    Each report names the input record of its output. The broker refuses a whole
+    batch at times (librdkafka then reports every record of it), so only a single
+    record named by every refusal is taken as the culprit inside a transaction; a
+    transaction of one record is its own culprit. Without a transaction
+    (at-least-once) there is nothing to bisect with, so every named record is."""
     inside = (lambda o: txn.first <= o < txn.next) if txn is not None else (lambda o: True)
-    exact = {f.offset for f in refusals if f.offset is not None and inside(f.offset)
-             and (txn is None or f.code == KafkaError.INVALID_RECORD)}
-    if exact:
-        return exact
-    if txn is not None and txn.records == 1:
+    named = {f.offset for f in refusals if f.offset is not None and inside(f.offset)}
+    if txn is None:
+        return named
+    if len(named) == 1:
+        return named
+    if txn.records == 1:
         return {txn.first}
-    return None if txn is not None else set()
+    return None
 
 
 def _backoff(attempt: int, policy: Policy) -> float:

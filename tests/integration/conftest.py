@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin._resource import ResourceType
 
 from service.examples.square import square
 from service.records import Transform
@@ -16,6 +19,10 @@ from tests.harness.kafka import KafkaService
 from tests.integration.replicas import Replica, all_committed, wait_for
 
 PARTITIONS = 8
+# Both consumer group protocols: "classic" (JoinGroup/SyncGroup, the session time-out
+# is the client's) and "consumer" (KIP-848: the broker assigns, and the session
+# time-out is the broker's group.consumer.session.timeout.ms or the group's config).
+GROUP_PROTOCOLS = ("classic", "consumer")
 
 
 def long_transactions(delay_ms: int, commit_interval_ms: int) -> dict[str, str]:
@@ -36,8 +43,31 @@ class StageSetup:
     dlq_topic: str
     group_id: str
     log_dir: Path
+    group_protocol: str = "classic"
     env: dict[str, str] = field(default_factory=dict)
     started: list[Replica] = field(default_factory=list)
+
+    def session_timeout_env(self, session_ms: int, heartbeat_ms: int = 500) -> dict[str, str]:
+        """What gives this stage's consumers a ``session_ms`` session time-out.
+
+        classic: the client's session.timeout.ms / heartbeat.interval.ms (returned as
+        settings to pass to ``replica()``). consumer: librdkafka rejects both with
+        group.protocol=consumer; the session is the broker's, so this sets the group's
+        own ``consumer.session.timeout.ms`` / ``consumer.heartbeat.interval.ms``
+        (KIP-848 group configs) and returns no settings.
+        """
+        if self.group_protocol == "classic":
+            return {"TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS": str(session_ms),
+                    "TXSTAGE_CONSUMER__HEARTBEAT_INTERVAL_MS": str(heartbeat_ms)}
+        resource = ConfigResource(ResourceType.GROUP, self.group_id, incremental_configs=[
+            ConfigEntry("consumer.session.timeout.ms", str(session_ms),
+                        incremental_operation=AlterConfigOpType.SET),
+            ConfigEntry("consumer.heartbeat.interval.ms", str(heartbeat_ms),
+                        incremental_operation=AlterConfigOpType.SET)])
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(30)
+        return {}
 
     def replica(self, name: str, **overrides: str) -> Replica:
         """Start one more replica; ``overrides`` are extra TXSTAGE_*/TEST_* variables."""
@@ -72,7 +102,8 @@ class StageSetup:
                          for r in self.started)
 
 
-def build_stage(bootstrap: str, unique_name: Callable[[str], str], log_dir: Path) -> StageSetup:
+def build_stage(bootstrap: str, unique_name: Callable[[str], str], log_dir: Path,
+                group_protocol: str = "classic") -> StageSetup:
     """Fresh topics (input with 8 partitions, output, DLQ), a group, base settings."""
     setup = StageSetup(
         bootstrap=bootstrap,
@@ -81,6 +112,7 @@ def build_stage(bootstrap: str, unique_name: Callable[[str], str], log_dir: Path
         dlq_topic=create_topic(bootstrap, unique_name("dlq"), partitions=1),
         group_id=unique_name("group"),
         log_dir=log_dir,
+        group_protocol=group_protocol,
     )
     setup.env = {
         "TXSTAGE_BOOTSTRAP_SERVERS": bootstrap,
@@ -90,11 +122,17 @@ def build_stage(bootstrap: str, unique_name: Callable[[str], str], log_dir: Path
         "TXSTAGE_DLQ_TOPIC": setup.dlq_topic,
         "TXSTAGE_TRANSFORM": "service.examples.square:square",
         "TXSTAGE_LOG_FORMAT": "json",
+    }
+    if group_protocol == "classic":
         # Short session so that a killed or paused replica's partitions move in
         # seconds (the test broker allows group.min.session.timeout.ms=1000).
-        "TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS": "6000",
-        "TXSTAGE_CONSUMER__HEARTBEAT_INTERVAL_MS": "500",
-    }
+        setup.env |= {"TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS": "6000",
+                      "TXSTAGE_CONSUMER__HEARTBEAT_INTERVAL_MS": "500"}
+    else:
+        # The same 6 s / 500 ms are the test broker's group.consumer.session.timeout.ms
+        # and group.consumer.heartbeat.interval.ms: librdkafka refuses both properties
+        # with group.protocol=consumer.
+        setup.env["TXSTAGE_GROUP_PROTOCOL"] = group_protocol
     return setup
 
 
@@ -104,26 +142,28 @@ def _tear_down(setup: StageSetup) -> None:
     print(setup.logs())  # pytest shows it when the test failed
 
 
-@pytest.fixture
-def stage(kafka: KafkaService, unique_name: Callable[[str], str],
-          tmp_path: Path) -> Iterator[StageSetup]:
-    """A stage on the session broker: fresh topics and a factory for replicas.
+@pytest.fixture(params=GROUP_PROTOCOLS)
+def stage(request: pytest.FixtureRequest, kafka: KafkaService,
+          unique_name: Callable[[str], str], tmp_path: Path) -> Iterator[StageSetup]:
+    """A stage on the session broker: fresh topics and a factory for replicas, once
+    per group protocol (test ids ``[classic]`` and ``[consumer]``).
 
     Every replica is SIGKILLed at teardown if still running.
     """
-    setup = build_stage(kafka.bootstrap, unique_name, tmp_path)
+    setup = build_stage(kafka.bootstrap, unique_name, tmp_path, request.param)
     yield setup
     _tear_down(setup)
 
 
-@pytest.fixture
-def stage_on(unique_name: Callable[[str], str],
+@pytest.fixture(params=GROUP_PROTOCOLS)
+def stage_on(request: pytest.FixtureRequest, unique_name: Callable[[str], str],
              tmp_path: Path) -> Iterator[Callable[[KafkaService], StageSetup]]:
-    """``stage_on(cluster)``: the same, on a cluster of the test's own (to kill its brokers)."""
+    """``stage_on(cluster)``: the same, on a cluster of the test's own (to kill its
+    brokers), once per group protocol."""
     setups: list[StageSetup] = []
 
     def make(cluster: KafkaService) -> StageSetup:
-        setups.append(build_stage(cluster.bootstrap, unique_name, tmp_path))
+        setups.append(build_stage(cluster.bootstrap, unique_name, tmp_path, request.param))
         return setups[-1]
 
     yield make

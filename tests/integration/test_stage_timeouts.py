@@ -35,10 +35,12 @@ def test_transform_stalling_past_the_transaction_timeout_is_recovered(stage: Sta
 def test_transform_stalling_past_max_poll_interval_loses_and_aborts(stage: StageSetup) -> None:
     # 6 s in the transform > max.poll.interval.ms = 3 s: librdkafka leaves the group;
     # the replica must abort (never commit) what it had open, rejoin and finish.
+    # max.poll.interval.ms is client-side under both protocols; the 2 s session is the
+    # client's under classic and the group's (broker-side) under consumer.
     replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.integration.transforms:stall_once",
                             TEST_STALL_AT="5", TEST_STALL_S="6",
                             TXSTAGE_CONSUMER__MAX_POLL_INTERVAL_MS="3000",
-                            TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS="2000")
+                            **stage.session_timeout_env(2000))
     produce_inputs(stage.bootstrap, stage.input_topic, range(2_000), PARTITIONS)
     stage.wait_committed(120)
     stage.assert_exactly_once()

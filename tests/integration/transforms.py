@@ -80,3 +80,95 @@ def square_unless_refused(record: Record) -> Iterator[Output]:
     if record.offset % 100 == 42:
         raise ValueError("refused by the broker")
     yield from square(record)
+
+
+def _delay() -> None:
+    time.sleep(int(os.environ.get("TEST_DELAY_MS", "3")) / 1000)
+
+
+def refuse_then_stall(record: Record) -> Iterator[Output]:
+    """Square. On partition 0 only, first attempt only: at offset ``TEST_REFUSE_AT`` also
+    write a keyless record to the compacted ``TEST_COMPACTED_TOPIC`` (the broker refuses
+    it: the transaction becomes abortable), then at offset ``TEST_STALL_AT`` sleep
+    ``TEST_STALL_S``, longer than the transaction time-out, so the coordinator has
+    aborted the transaction (and bumped the epoch) before the stage gets to abort it.
+    Retries succeed: the expected output is plain square's."""
+    coordinates = (record.topic, record.partition, record.offset)
+    first_attempt = record.partition == 0 and coordinates not in _failed_once
+    if first_attempt and record.offset == int(os.environ.get("TEST_STALL_AT", "5")):
+        _failed_once.add(coordinates)
+        time.sleep(float(os.environ.get("TEST_STALL_S", "6")))
+    yield from square(record)
+    if first_attempt and record.offset == int(os.environ.get("TEST_REFUSE_AT", "4")):
+        _failed_once.add(coordinates)
+        yield Output(value=b"no key", key=None, topic=os.environ["TEST_COMPACTED_TOPIC"])
+
+
+def slow_square_with_refused_outputs(record: Record) -> Iterator[Output]:
+    """square_with_refused_outputs taking ``TEST_DELAY_MS`` (default 3) per record: the
+    refusal reaches the stage while the transaction is still being filled, not only
+    when it commits. Expected output: square_unless_refused."""
+    _delay()
+    yield from square_with_refused_outputs(record)
+
+
+def refused_on_some_partitions(record: Record) -> Iterator[Output]:
+    """Square taking ``TEST_DELAY_MS`` per record, except on input partitions
+    ``TEST_REFUSING_PARTITIONS`` (default "1,5"): there a record at an offset ending in 42
+    writes only a keyless record to the compacted ``TEST_COMPACTED_TOPIC``, refused on
+    every attempt. Only the refused output, so an at-least-once stage cannot have made
+    part of the record visible before dead-lettering it."""
+    _delay()
+    if _refuses(record):
+        yield Output(value=b"no key", key=None, topic=os.environ["TEST_COMPACTED_TOPIC"])
+    else:
+        yield from square(record)
+
+
+def square_unless_refused_on_some_partitions(record: Record) -> Iterator[Output]:
+    """What the stage must write for refused_on_some_partitions."""
+    if _refuses(record):
+        raise ValueError("refused by the broker")
+    yield from square(record)
+
+
+def _refuses(record: Record) -> bool:
+    partitions = os.environ.get("TEST_REFUSING_PARTITIONS", "1,5").split(",")
+    return record.offset % 100 == 42 and str(record.partition) in partitions
+
+
+def tenth_to_a_missing_topic(record: Record) -> Iterator[Output]:
+    """Square, but every tenth record (offset ending in 7) routes its output to
+    ``TEST_MISSING_TOPIC``, a topic that does not exist. Expected output:
+    square_unless_tenth (those records dead-lettered). Takes ``TEST_DELAY_MS`` (default 0)
+    per record."""
+    time.sleep(int(os.environ.get("TEST_DELAY_MS", "0")) / 1000)
+    if record.offset % 10 == 7:
+        yield Output(value=record.value, key=record.key, topic=os.environ["TEST_MISSING_TOPIC"])
+    else:
+        yield from square(record)
+
+
+def square_unless_tenth(record: Record) -> Iterator[Output]:
+    """What the stage must write for tenth_to_a_missing_topic."""
+    if record.offset % 10 == 7:
+        raise LookupError("no such topic")
+    yield from square(record)
+
+
+def slow_refused_before_commit(record: Record) -> Iterator[Output]:
+    """Square taking ``TEST_DELAY_MS`` per record; every record at an offset ending in 49
+    or 99 also writes a keyless record to the compacted ``TEST_COMPACTED_TOPIC``, refused
+    on every attempt. With 50-record batches and transactions, it is the last record
+    before a commit. Expected output: square_unless_refused_before_commit."""
+    _delay()
+    yield from square(record)
+    if record.offset % 50 == 49:
+        yield Output(value=b"no key", key=None, topic=os.environ["TEST_COMPACTED_TOPIC"])
+
+
+def square_unless_refused_before_commit(record: Record) -> Iterator[Output]:
+    """What the stage must write for slow_refused_before_commit."""
+    if record.offset % 50 == 49:
+        raise ValueError("refused by the broker")
+    yield from square(record)

@@ -16,10 +16,10 @@ from service import Output, Record
 from service.backfill.plan import Slice
 from service.backfill.progress import SliceProgress
 from service.backfill.slice_writer import InputOrderError, SliceTask, SliceWriter
+from service.delivery import DeliveryFailures
 from service.errors import AbortableError, FencedError, PoisonRecordError, Where
 from service.examples.square import square
 from service.processing import Produced, process
-from service.delivery import DeliveryFailures
 
 PIECE = Slice(3, "in", 1, 100, 200)
 TASK = SliceTask(PIECE, "job", "p.backfill.job.3", "progress", transaction_records=10,

@@ -1,0 +1,79 @@
+"""At-least-once mode under faults (issue 8): a refused delivery on some partitions
+only, and replicas scaling while offsets are committed. Duplicates are allowed in
+this mode; loss, foreign outputs, lag and replicas dying are not."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from service.deadletter import ERROR_CLASS, ERROR_OFFSET, ERROR_PARTITION
+from service.verify import Report
+from tests.harness.reading import read_committed
+from tests.integration.conftest import PARTITIONS, StageSetup
+from tests.integration.replicas import produce_inputs, wait_for
+from tests.integration.test_compound_faults import (
+    SteadyFeed,
+    assert_alive,
+    compacted_topic,
+    settle,
+    spread_over,
+)
+from tests.integration.transforms import square_unless_refused_on_some_partitions
+
+pytestmark = pytest.mark.kafka
+
+AT_LEAST_ONCE = {"TXSTAGE_GUARANTEE": "at_least_once"}
+
+
+def assert_nothing_lost(report: Report) -> None:
+    assert not (report.missing or report.unexpected or report.mismatched or report.behind), \
+        report.problems()
+    assert report.expected > 0
+
+
+def test_at_least_once_refused_delivery_is_dead_lettered_on_its_own_partition(
+        stage: StageSetup, new_topic: Callable[..., str]) -> None:
+    # Offsets 42 and 142 of input partitions 1 and 5 write only a keyless record to a
+    # compacted topic, refused on every attempt; the transform takes 3 ms a record. The
+    # old stage had one delivery latch for all partitions: the failure was blamed on
+    # whichever partitions were due (rewound, again and again, never dead-lettered) while
+    # a partition that was not due committed past its failed record (lost).
+    compacted = compacted_topic(new_topic)
+    replica = stage.replica(
+        "a", **AT_LEAST_ONCE, TEST_DELAY_MS="3", TEST_COMPACTED_TOPIC=compacted,
+        TXSTAGE_TRANSFORM="tests.integration.transforms:refused_on_some_partitions")
+    produce_inputs(stage.bootstrap, stage.input_topic, range(1_600), PARTITIONS)
+    settle(stage, [replica], 60)
+    assert_nothing_lost(stage.verify(square_unless_refused_on_some_partitions))
+    letters = read_committed(stage.bootstrap, stage.dlq_topic)
+    assert {(int(letter.header(ERROR_PARTITION) or b"-1"),
+             int(letter.header(ERROR_OFFSET) or b"-1")) for letter in letters} \
+        == {(p, o) for p in (1, 5) for o in (42, 142)}
+    assert {letter.header(ERROR_CLASS) for letter in letters} == {b"OutputRefusedError"}
+    assert replica.terminate() == 0
+
+
+def test_at_least_once_replicas_survive_scaling_from_1_to_6_to_3(stage: StageSetup) -> None:
+    # While the group rebalances, the old stage's synchronous offset commit raised
+    # ILLEGAL_GENERATION / REBALANCE_IN_PROGRESS, classified fatal: replicas exited 1.
+    # Those mean "not committed": rewind to the committed offset and go on.
+    settings = {**AT_LEAST_ONCE, "TXSTAGE_TRANSFORM": "tests.integration.transforms:slow_square",
+                "TEST_DELAY_MS": "1"}
+    replicas = [stage.replica("r0", **settings)]
+    wait_for(replicas[0].ready, 30, "the first replica to be ready", stage.logs)
+    with SteadyFeed(stage.bootstrap, stage.input_topic, 6_000, 25) as feed:
+        time.sleep(2)
+        replicas += [stage.replica(f"r{i}", **settings) for i in range(1, 6)]
+        wait_for(lambda: spread_over(stage, replicas), 45, "six replicas, each with partitions",
+                 stage.logs)
+        time.sleep(2)
+        for leaving in replicas[3:]:  # scale in while the feed still runs
+            assert leaving.terminate() == 0, stage.logs()
+            assert_alive(stage, replicas[:3])
+        feed.wait()
+    settle(stage, replicas[:3], 60)
+    assert_nothing_lost(stage.verify())
+    assert [r.terminate() for r in replicas[:3]] == [0, 0, 0]
