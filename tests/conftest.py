@@ -8,6 +8,10 @@ Brokers (all real Apache Kafka, run by service/local_kafka; nothing is ever skip
   ones restarted) before each test, for fault tests.
 - ``make_cluster(nodes=1, overrides=None)``: a private cluster for this test only, e.g.
   to SIGKILL the only broker.
+- ``proxied_kafka``: a private 1-node cluster shared by a module whose client listener is
+  reached through a fault proxy (tests/harness/proxy.py): ``proxied_kafka.bootstrap``
+  goes through it, ``proxied_kafka.direct_bootstrap`` past it, ``proxied_kafka.proxy``
+  injects faults. Every fault is cleared and the proxy's log reset before each test.
 
 Names: ``unique_name(prefix)``, ``group_id``, ``new_topic(partitions=3, config=None)``.
 Reading back: ``read_committed`` / ``read_uncommitted`` fixtures hand out the plain
@@ -29,7 +33,8 @@ from service.local_kafka.errors import LocalKafkaError
 from service.local_kafka.readiness import wait_ready
 from tests.harness import reading
 from tests.harness.admin import create_topic
-from tests.harness.kafka import KafkaService, RunningKafka
+from tests.harness.kafka import KafkaService, ProxiedKafka, RunningKafka
+from tests.harness.proxy import FaultProxy
 
 UniqueName = Callable[[str], str]
 NewTopic = Callable[..., str]
@@ -46,10 +51,11 @@ def _started(config: pytest.Config, what: str, cluster: KafkaCluster) -> None:
     )
 
 
-def _start(nodes: int, overrides: Mapping[str, str | int] | None = None) -> KafkaCluster:
+def _start(nodes: int, overrides: Mapping[str, str | int] | None = None, *,
+           proxied: bool = False) -> KafkaCluster:
     """A started cluster, or a test failure (never a skip) carrying the broker log tail."""
     try:
-        return KafkaCluster(nodes, overrides=overrides).start()
+        return KafkaCluster(nodes, overrides=overrides, proxied=proxied).start()
     except LocalKafkaError as exc:
         pytest.fail(f"could not start a {nodes}-node Kafka cluster:\n{exc}", pytrace=False)
 
@@ -86,6 +92,35 @@ def cluster3(_cluster3_for_module: KafkaCluster) -> KafkaCluster:
     except LocalKafkaError as exc:
         pytest.fail(f"could not heal the 3-node cluster:\n{exc}", pytrace=False)
     return _cluster3_for_module
+
+
+@pytest.fixture(scope="module")
+def _proxied_kafka_for_module(pytestconfig: pytest.Config) -> Iterator[ProxiedKafka]:
+    with _start(1, proxied=True) as cluster:
+        proxy = FaultProxy(cluster.proxy_routes)
+        try:
+            proxy.start()
+        except OSError as exc:
+            pytest.fail(f"could not start the fault proxy on {cluster.proxy_routes}: {exc}",
+                        pytrace=False)
+        try:
+            wait_ready(cluster.bootstrap, broker_ids=set(cluster.node_ids), timeout=60)
+        except TimeoutError as exc:
+            proxy.stop()
+            pytest.fail(f"Kafka is not reachable through the fault proxy: {exc}\n"
+                        f"{cluster.log_tail()}", pytrace=False)
+        _started(pytestconfig, "proxied_kafka", cluster)
+        try:
+            yield ProxiedKafka(cluster, proxy)
+        finally:
+            proxy.stop()
+
+
+@pytest.fixture
+def proxied_kafka(_proxied_kafka_for_module: ProxiedKafka) -> Iterator[ProxiedKafka]:
+    _proxied_kafka_for_module.proxy.reset()
+    yield _proxied_kafka_for_module
+    _proxied_kafka_for_module.proxy.clear()  # release whatever a failed test left held
 
 
 @pytest.fixture
@@ -154,7 +189,7 @@ def read_uncommitted() -> Callable[..., list[reading.ReadRecord]]:
 def _brokers_used(item: pytest.Item) -> list[tuple[str, KafkaService]]:
     used: list[tuple[str, KafkaService]] = []
     funcargs = getattr(item, "funcargs", {})
-    for name in ("kafka", "cluster3"):
+    for name in ("kafka", "cluster3", "proxied_kafka"):
         service = funcargs.get(name)
         if service is not None:
             used.append((name, service))

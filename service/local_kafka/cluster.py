@@ -44,6 +44,12 @@ class KafkaCluster:
             cluster.kill(leader)
             ...
             cluster.restart(leader)
+
+    ``proxied=True``: each node's client listener (``PLAINTEXT``) is advertised at a port of
+    its own that nothing listens on until a proxy does (``proxy_routes``: proxy port ->
+    the node's real address), so every client that bootstraps at :attr:`bootstrap` talks
+    through that proxy; a second listener (``DIRECT``, also the inter-broker one) is
+    reached past it at :attr:`direct_bootstrap`, for verifiers and admin calls.
     """
 
     def __init__(
@@ -53,10 +59,12 @@ class KafkaCluster:
         overrides: Mapping[str, str | int] | None = None,
         startup_timeout: float = 90.0,
         workdir: Path | None = None,
+        proxied: bool = False,
     ) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self.size = nodes
+        self.proxied = proxied
         self.overrides = dict(overrides or {})
         self.startup_timeout = startup_timeout
         self._parent = workdir
@@ -108,10 +116,18 @@ class KafkaCluster:
             _CLUSTERS.add(self)
         sweep_stale_workdirs(self._parent)
         self.workdir = Path(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX, dir=self._parent))
-        ports = free_ports(2 * self.size)
-        controller_ports = {i: ports[2 * i + 1] for i in range(self.size)}
+        per_node = 4 if self.proxied else 2
+        ports = free_ports(per_node * self.size)
+        controller_ports = {i: ports[per_node * i + 1] for i in range(self.size)}
         self.nodes = [
-            Node(i, ports[2 * i], ports[2 * i + 1], self.workdir / f"node-{i}")
+            Node(
+                i,
+                ports[per_node * i],
+                ports[per_node * i + 1],
+                self.workdir / f"node-{i}",
+                advertised_port=ports[per_node * i + 2] if self.proxied else None,
+                direct_port=ports[per_node * i + 3] if self.proxied else None,
+            )
             for i in range(self.size)
         ]
         self.cluster_id = kafka_uuid()
@@ -126,6 +142,8 @@ class KafkaCluster:
                     controller_ports=controller_ports,
                     log_dir=node.data,
                     overrides=self.overrides,
+                    direct_port=node.direct_port,
+                    advertised_port=node.advertised_port,
                 ),
             )
         quorum_args = self._quorum_args()
@@ -149,7 +167,7 @@ class KafkaCluster:
         running = {node.node_id for node in self.nodes if node.alive() and not node.paused}
         try:
             wait_ready(
-                self.bootstrap,
+                self.direct_bootstrap,
                 broker_ids=running,
                 timeout=max(1.0, deadline - time.monotonic()),
             )
@@ -175,6 +193,21 @@ class KafkaCluster:
     def bootstrap(self) -> str:
         """Every node's broker address, comma-separated (stable across restarts)."""
         return ",".join(node.bootstrap for node in self.nodes)
+
+    @property
+    def direct_bootstrap(self) -> str:
+        """Every node's address past any proxy (``bootstrap`` unless ``proxied``)."""
+        return ",".join(node.direct_bootstrap for node in self.nodes)
+
+    @property
+    def proxy_routes(self) -> dict[int, tuple[str, int]]:
+        """``proxied``: the port each node advertises -> the node's real client listener,
+        what a proxy must forward for clients at :attr:`bootstrap` to reach the cluster."""
+        return {
+            node.advertised_port: (HOST, node.broker_port)
+            for node in self.nodes
+            if node.advertised_port is not None
+        }
 
     @property
     def node_ids(self) -> list[int]:

@@ -69,6 +69,9 @@ class Node:
     detached: bool = False
     proc: subprocess.Popen[bytes] | None = None
     paused: bool = field(default=False)
+    # Behind a proxy: clients are told ``advertised_port``; ``direct_port`` bypasses it.
+    advertised_port: int | None = None
+    direct_port: int | None = None
 
     @property
     def config(self) -> Path:
@@ -84,7 +87,13 @@ class Node:
 
     @property
     def bootstrap(self) -> str:
-        return f"{HOST}:{self.broker_port}"
+        """Where clients connect: the advertised client address (a proxy's, if any)."""
+        return f"{HOST}:{self.advertised_port or self.broker_port}"
+
+    @property
+    def direct_bootstrap(self) -> str:
+        """The node itself, past any proxy."""
+        return f"{HOST}:{self.direct_port or self.broker_port}"
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -26,23 +26,36 @@ def broker_properties(
     controller_ports: Mapping[int, int],
     log_dir: Path,
     overrides: Mapping[str, str | int] | None = None,
+    direct_port: int | None = None,
+    advertised_port: int | None = None,
 ) -> dict[str, str]:
     """``server.properties`` of one combined broker+controller node.
 
     ``controller_ports`` maps every node id of the cluster to its controller port. One node
     forms a dynamic quorum (formatted ``--standalone``), several nodes one formatted with
     ``--initial-controllers``; both are found through ``controller.quorum.bootstrap.servers``.
+
+    Behind a proxy: ``advertised_port`` is what the ``PLAINTEXT`` listener (bound at
+    ``broker_port``) tells clients to connect to, and ``direct_port`` adds a ``DIRECT``
+    listener advertised as itself, which brokers also use among themselves.
     """
     replicas = len(controller_ports)
     min_isr = 1 if replicas == 1 else 2
     quorum = ",".join(f"{HOST}:{port}" for _, port in sorted(controller_ports.items()))
+    listeners = [f"PLAINTEXT://{HOST}:{broker_port}"]
+    advertised = [f"PLAINTEXT://{HOST}:{advertised_port or broker_port}"]
+    if direct_port is not None:
+        listeners.append(f"DIRECT://{HOST}:{direct_port}")
+        advertised.append(f"DIRECT://{HOST}:{direct_port}")
+    direct = direct_port is not None
     props: dict[str, str | int] = {
         "process.roles": "broker,controller",
         "node.id": node_id,
-        "listeners": f"PLAINTEXT://{HOST}:{broker_port},CONTROLLER://{HOST}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{broker_port}",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "inter.broker.listener.name": "PLAINTEXT",
+        "listeners": ",".join([*listeners, f"CONTROLLER://{HOST}:{controller_port}"]),
+        "advertised.listeners": ",".join(advertised),
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+        + (",DIRECT:PLAINTEXT" if direct else ""),
+        "inter.broker.listener.name": "DIRECT" if direct else "PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
         "controller.quorum.bootstrap.servers": quorum,
         "log.dirs": str(log_dir),

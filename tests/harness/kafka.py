@@ -16,6 +16,7 @@ from service.local_kafka.jars import KAFKA_VERSION, install
 from service.local_kafka.node import free_ports
 from service.local_kafka.properties import broker_properties, kafka_uuid
 from service.local_kafka.readiness import wait_ready
+from tests.harness.proxy import FaultProxy
 
 __all__ = [
     "KAFKA_VERSION",
@@ -23,6 +24,7 @@ __all__ = [
     "KafkaService",
     "KafkaStartError",
     "LocalKafkaError",
+    "ProxiedKafka",
     "RunningKafka",
     "broker_properties",
     "free_ports",
@@ -49,3 +51,26 @@ class RunningKafka:
 
     def log_tail(self, lines: int = 80) -> str:
         return f"(external broker at {self.bootstrap}: its logs are not available here)"
+
+
+@dataclass(frozen=True)
+class ProxiedKafka:
+    """A ``KafkaCluster(proxied=True)`` and the fault proxy in front of it.
+
+    ``bootstrap`` goes through the proxy (give it to the stage), ``direct_bootstrap``
+    past it (verifiers, admin calls, feeding input); ``proxy`` injects the faults.
+    """
+
+    cluster: KafkaCluster
+    proxy: FaultProxy
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    @property
+    def direct_bootstrap(self) -> str:
+        return self.cluster.direct_bootstrap
+
+    def log_tail(self, lines: int = 80) -> str:
+        return f"{self.cluster.log_tail(lines)}\n==== fault proxy ====\n{self.proxy.describe()}"
