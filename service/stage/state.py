@@ -114,6 +114,7 @@ class PartitionState:
     poison_attempts: int = 0
     isolation: Isolation | None = None
     refused: Mapping[int, str] = field(default_factory=dict)  # offset -> what the broker said
+    suspects: Mapping[int, str] = field(default_factory=dict)  # named once; retried once
     failures: tuple[Failure, ...] = ()      # delivery failures of the transaction being aborted
     abort_error: KafkaOperationError | None = None
     resume_at: float | None = None          # end of BACKOFF
@@ -491,11 +492,15 @@ def _positioned(state: PartitionState, event: Positioned, policy: Policy) -> Ste
         if isolation is not None and offset >= isolation.until:
             isolation = None
         refused = {o: why for o, why in refused.items() if o >= offset}
+        suspects = {o: why for o, why in state.suspects.items() if o >= offset}
+    else:
+        suspects = dict(state.suspects)
     pauses = state.pauses
     if state.resume_at is not None and event.now < state.resume_at:
         pauses = pauses | {Pause.BACKOFF}
     return replace(state, phase=Phase.ACTIVE, txn=None, isolation=isolation, refused=refused,
-                   pauses=pauses, failures=(), abort_error=None), [Seek(offset)]
+                   suspects=suspects, pauses=pauses, failures=(), abort_error=None), [
+        Seek(offset)]
 
 
 @_on(PositionFailed)
@@ -608,16 +613,24 @@ def _abort_done(state: PartitionState, event: AbortDone, policy: Policy) -> Step
         refusals.append(Failure(state.abort_error.code, "", str(state.abort_error), None))
     actions: list[Action] = []
     streak, isolation, refused = state.abort_streak, state.isolation, dict(state.refused)
+    suspects = dict(state.suspects)
     if refusals:
         culprits = _culprits(refusals, txn)
         if culprits is None and txn is not None:
             isolation = Isolation(txn.next, txn.records, max(1, math.ceil(txn.records / 2)))
             actions.append(Isolating(txn.first, txn.next))
+        alone = txn is not None and txn.records == 1
         for offset in sorted(culprits or ()):
             if offset in refused:  # its dead letter was refused too: nothing left to try
                 return state, [Fail(_with_note(state.abort_error, cause,
                                                f"the dead letter of offset {offset} was "
                                                f"refused as well: {cause}"))]
+            if offset not in suspects and not alone:
+                # Named once: sent again before it is dead-lettered, so a refusal that
+                # does not repeat (a transient one) costs a retry, not the record.
+                suspects[offset] = cause
+                continue
+            suspects.pop(offset, None)
             refused[offset] = cause
             actions.append(RecordRefused(offset, cause))
     else:
@@ -632,8 +645,8 @@ def _abort_done(state: PartitionState, event: AbortDone, policy: Policy) -> Step
     actions.insert(0, Aborted("abortable_error", txn, streak, cause))
     actions.append(LookupPosition())
     return replace(state, phase=Phase.POSITIONING, txn=None, abort_streak=streak,
-                   isolation=isolation, refused=refused, failures=(), abort_error=None,
-                   resume_at=resume_at), actions
+                   isolation=isolation, refused=refused, suspects=suspects, failures=(),
+                   abort_error=None, resume_at=resume_at), actions
 
 
 @_on(AbortFailed)

@@ -168,13 +168,27 @@ def test_poison_fails_after_its_attempts() -> None:
 # ------------------------------------------------------------------ refused outputs
 
 
-def test_a_refused_output_named_by_its_delivery_report_is_dead_lettered_directly() -> None:
+def test_a_refused_output_named_twice_by_its_delivery_reports_is_dead_lettered() -> None:
+    """Named once, the record is sent again (a refusal may not repeat); named again,
+    it is dead-lettered. No bisection, no one-record transactions."""
     state, _ = step(active(40, 5), sm.ProduceFailed(abortable(), 1.0))
     state, actions = step(state, sm.AbortDone((refused_at(42), refused_at(
         43, KafkaError._INVALID_DIFFERENT_RECORD)), 1.1))
-    assert dict(state.refused) == {42: "INVALID_RECORD: refused"}
+    assert dict(state.suspects) == {42: "INVALID_RECORD: refused"} and not state.refused
+    assert kinds(actions) == ["Aborted", "LookupPosition"]
+    state, _ = step(state, sm.Positioned(40, 1.2), sm.Wrote(40, 45, 5, 1.2),
+                    sm.ProduceFailed(abortable(), 1.3))
+    state, actions = step(state, sm.AbortDone((refused_at(42),), 1.4))
+    assert dict(state.refused) == {42: "INVALID_RECORD: refused"} and not state.suspects
     assert state.abort_streak == 0, "finding the record is progress, not a failed retry"
     assert kinds(actions) == ["Aborted", "RecordRefused", "LookupPosition"]
+
+
+def test_a_refusal_that_does_not_repeat_costs_a_retry_not_the_record() -> None:
+    state, _ = step(active(40, 5), sm.ProduceFailed(abortable(), 1.0),
+                    sm.AbortDone((refused_at(42),), 1.1), sm.Positioned(40, 1.2),
+                    sm.Wrote(40, 45, 5, 1.2), sm.CommitDue(1.3), sm.CommitDone(0.1, 1.4))
+    assert not state.refused and state.phase is Phase.ACTIVE
 
 
 def test_refusal_while_committing_is_found_as_well() -> None:
@@ -183,7 +197,7 @@ def test_refusal_while_committing_is_found_as_well() -> None:
                                                      "commit_transaction"),
                                            (refused_at(44),), 1.1))
     state, _ = step(state, sm.AbortDone((), 1.2))
-    assert set(state.refused) == {44}
+    assert set(state.suspects) == {44}, "named once: retried before it is dead-lettered"
 
 
 def test_an_unattributed_refusal_is_found_by_bisection() -> None:
@@ -313,7 +327,10 @@ def test_at_least_once_delivery_failure_rewinds_and_dead_letters_the_named_recor
     assert kinds(actions) == ["PausePartition", "DropHeld", "StartAbort"]
     assert actions[-1] == sm.StartAbort(None)
     state, _ = step(state, sm.AbortDone((), 1.0))
-    assert set(state.refused) == {17} and state.phase is Phase.POSITIONING
+    assert set(state.suspects) == {17} and state.phase is Phase.POSITIONING
+    state, _ = step(state, sm.Positioned(0, 1.1), sm.Wrote(0, 50, 50, 1.1),
+                    sm.DeliveryFailed((refused_at(17),), 2.0), sm.AbortDone((), 2.0))
+    assert set(state.refused) == {17}
 
 
 def test_an_unknown_output_topic_holds_the_partition_until_it_is_looked_up() -> None:
