@@ -400,7 +400,7 @@ class Loop:
         now = time.monotonic()
         self._assigning_since = self._assigning_since or now
         for tp in partitions:
-            partition = Partition(tp.topic, tp.partition, now)
+            partition = Partition(tp.topic, tp.partition)
             self.partitions[partition.key] = partition
             partition.state, actions = sm.assigned()
             for action in actions:

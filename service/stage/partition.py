@@ -17,7 +17,6 @@ class Partition:
     """Mutable holder around the pure ``PartitionState``; the loop thread owns it."""
 
     __slots__ = (
-        "assigned_at",
         "batch_first",
         "batch_next",
         "batch_records",
@@ -33,7 +32,7 @@ class Partition:
         "waiting_topic",
     )
 
-    def __init__(self, topic: str, partition: int, now: float) -> None:
+    def __init__(self, topic: str, partition: int) -> None:
         self.key: TopicPartitionKey = (topic, partition)
         self.tp = TopicPartition(topic, partition)
         self.state = PartitionState(Phase.INITIALISING)
@@ -46,7 +45,6 @@ class Partition:
         # Released while a job ran: what to do (close its producer) once it ends.
         self.on_abandon: Callable[[], object] | None = None
         self.waiting_topic: str | None = None
-        self.assigned_at = now
 
     @property
     def topic(self) -> str:
