@@ -423,6 +423,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="also run exactly-once over 4 and 64 input partitions")
     parser.add_argument("--profile", metavar="FILE", type=Path, default=None,
                         help="only profile one exactly-once replica into FILE (pstats format)")
+    parser.add_argument("--profile-mode", choices=MODES[:2], default="exactly_once",
+                        help="with --profile: which guarantee to profile")
     parser.add_argument("--profiler", choices=sorted(PROFILERS), default="cprofile",
                         help="with --profile (pyinstrument must be installed in the venv)")
     parser.add_argument("--commit-interval-ms", type=int, default=COMMIT_INTERVAL_MS,
@@ -464,7 +466,8 @@ def run(args: argparse.Namespace) -> int:
         say(f"input {w.topic}: prefilled in {w.prefill_s:.1f} s")
         if args.profile is not None:
             warm_up(w, args.warm_up, say)
-            return run_profile(w, args.profile.resolve(), args.profiler, args.top, say)
+            return run_profile(w, args.profile.resolve(), args.profiler, args.top, say,
+                               args.profile_mode)
         warm_up(w, args.warm_up, say)
         runs = run_modes(w, args.repeat, say)
         scaling = run_scaling(bootstrap, run_id, log_dir, args, say) if args.scaling else []
@@ -609,12 +612,12 @@ StatsTable = Mapping[FuncKey, tuple[int, int, float, float, dict[FuncKey, tuple[
 
 
 def run_profile(w: Workload, path: Path, profiler: str, top: int,
-                say: Callable[[str], None]) -> int:
-    """One exactly-once replica under a profiler over the workload; print the summary."""
+                say: Callable[[str], None], mode: str = "exactly_once") -> int:
+    """One replica (``mode``) under a profiler over the workload; print the summary."""
     path.unlink(missing_ok=True)
     argv = (*PROFILERS[profiler], str(path), "-m", "service", "run")
-    r = measure(w, "exactly_once", argv=argv, tag=f"-{profiler}")
-    say(f"profiled exactly_once: {r.records_per_s:,.0f} rec/s under {profiler}, {_verdict(r)}")
+    r = measure(w, mode, argv=argv, tag=f"-{profiler}")
+    say(f"profiled {mode}: {r.records_per_s:,.0f} rec/s under {profiler}, {_verdict(r)}")
     if not path.exists():
         say(f"no profile written to {path} (exit code {r.exit_code})")
         return 1

@@ -7,6 +7,7 @@ Exit codes: 0 done (or stopped by a signal), 1 a fatal runtime error,
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
@@ -131,3 +132,10 @@ def _install_signal_handlers(stage: Stage) -> None:
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
+    # SIGUSR1: every thread's stack to stderr now (even if the loop is stuck), and
+    # each partition's state as one log line at the loop's next housekeeping.
+    def describe(signum: int, frame: FrameType | None) -> None:
+        stage.loop.describe_requested = True
+
+    signal.signal(signal.SIGUSR1, describe)
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)  # runs first

@@ -35,6 +35,7 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 _QUEUE_FULL_WAIT_S = 0.05
+_MIN_CALL_S = 0.1
 
 
 def produce(producer: Producer, out: Produced,
@@ -115,13 +116,20 @@ class PinnedProducer:
                     self._fatal = exc.args[0]
         return self._fatal
 
-    def _retrying(self, op: str, call: Callable[[], T]) -> T:
-        """Run ``call``; retry it while librdkafka says the error is retriable."""
+    def _retrying(self, op: str, call: Callable[[float], T]) -> T:
+        """Run ``call(timeout)``; retry it while librdkafka says the error is
+        retriable, until ``deadline_s`` has passed.
+
+        Every call gets the time left as its timeout: librdkafka's transactional
+        calls wait forever by default, and its background operation retries for as
+        long as the first call's timeout allows (seen: a send_offsets_to_transaction
+        begun as the broker died never returned). A call that timed out is resumed by
+        calling it again; past the deadline the RetriableError reaches the caller."""
         deadline = time.monotonic() + self.deadline_s
         while True:
             try:
                 with self._translated(op):
-                    return call()
+                    return call(max(deadline - time.monotonic(), _MIN_CALL_S))
             except RetriableError as exc:
                 if time.monotonic() >= deadline:
                     raise
@@ -172,7 +180,8 @@ class PinnedProducer:
     def send_offsets(self, next_offset: int, group_metadata: object) -> None:
         offsets = [TopicPartition(self.topic, self.partition, next_offset)]
         self._retrying("send_offsets_to_transaction",
-                       lambda: self._producer.send_offsets_to_transaction(offsets, group_metadata))
+                       lambda timeout: self._producer.send_offsets_to_transaction(
+                           offsets, group_metadata, timeout))
 
     def commit(self) -> None:
         """commit_transaction; a time-out is retried, never answered with an abort."""

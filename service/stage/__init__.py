@@ -69,6 +69,9 @@ class Stage:
             max_record_attempts=settings.max_record_attempts,
             reclaim_after_s=session_timeout_s,
             transaction_timeout_s=settings.transaction_timeout_ms / 1000,
+            # Past the deadline every Kafka call of a commit or an abort is given
+            # (ExactlyOnce: the transaction timeout + 30 s), with a margin.
+            stuck_after_s=settings.transaction_timeout_ms / 1000 + 40,
         )
         self.loop = Loop(settings, transform, metrics, health, limits, self.consumer, committer,
                          policy)

@@ -101,6 +101,10 @@ class Jobs:
         """A job still runs (stuck on Kafka past the shutdown budget, say)."""
         return self._running > 0
 
+    @property
+    def running(self) -> int:
+        return self._running
+
     def _counted(self, job: Callable[[], T]) -> Callable[[], T]:
         def run() -> T:
             with self._lock:

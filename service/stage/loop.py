@@ -77,6 +77,10 @@ class Loop:
         self._produced: Tally[str] = Tally()
         self._next_housekeeping = 0.0
         self._assigning_since: float | None = None
+        self._transform_seconds = metrics.transform_seconds.observe
+        self.describe_requested = False  # set by SIGUSR1: log every partition's state
+        # A waiting phase lasting longer than a transaction could is worth a warning.
+        self._stalled_after_s = max(policy.transaction_timeout_s, 30.0) + 30.0
         reset = str(settings.consumer.get("auto.offset.reset", "earliest"))
         self._no_offset = OFFSET_END if "latest" in reset or "end" in reset else OFFSET_BEGINNING
 
@@ -147,29 +151,37 @@ class Loop:
         self._produced.clear()
 
     def _one(self, partition: Partition, msg: Message, now: float) -> bool:
-        """Process one record; False when it was held or dropped."""
-        state = partition.state
-        if state.holding:
-            self._hold(partition, msg)
-            return False
-        if state.phase is not sm.Phase.ACTIVE or sm.Pause.BACKOFF in state.pauses:
-            return False  # fetched before a seek or a pause: it is read again later
+        """Process one record; False when it was held or dropped. The hot path: a
+        flowing partition (ACTIVE, no pause, nothing isolated or refused) checks
+        nothing else per record."""
         offset: int = msg.offset()  # type: ignore[assignment]
-        if offset < partition.position:
-            return False  # a stale fetch from before a seek
-        if state.isolation is not None:
-            room = state.room()
-            if room is not None and room - partition.batch_records <= 0:
-                self.dispatch(partition, sm.CommitDue(now))  # the transaction is full
+        if not partition.flowing:
+            state = partition.state
+            if state.holding:
                 self._hold(partition, msg)
                 return False
+            if state.phase is not sm.Phase.ACTIVE or (
+                    state.pauses and sm.Pause.BACKOFF in state.pauses):
+                return False  # fetched before a seek or a pause: it is read again later
+            if offset < partition.position:
+                return False  # a stale fetch from before a seek
+            if state.isolation is not None:
+                room = state.room()
+                if room is not None and room - partition.batch_records <= 0:
+                    self.dispatch(partition, sm.CommitDue(now))  # the transaction is full
+                    self._hold(partition, msg)
+                    return False
+            refusal = state.refused.get(offset)
+        elif offset < partition.position:
+            return False  # a stale fetch from before a seek
+        else:
+            refusal = None
         record = to_record(msg)
         started = time.perf_counter()
         settings = self.settings
         try:
-            if offset in state.refused:
-                result = refused(record, OutputRefusedError(state.refused[offset]),
-                                 settings.dlq_topic or None)
+            if refusal is not None:
+                result = refused(record, OutputRefusedError(refusal), settings.dlq_topic or None)
             else:
                 result = process(self.transform, record, default_topic=settings.output_topic,
                                  dlq_topic=settings.dlq_topic or None, max_bytes=self.limits)
@@ -180,7 +192,7 @@ class Loop:
             self.dispatch(partition, sm.TopicUnknown(exc.topic))
             self._hold(partition, msg)
             return False
-        self.metrics.transform_seconds.observe(time.perf_counter() - started)
+        self._transform_seconds(time.perf_counter() - started)
         if result.error is not None:
             self.metrics.dead_lettered.inc()
             log.warning("record.dead_lettered", topic=record.topic, partition=record.partition,
@@ -223,6 +235,7 @@ class Loop:
         before = partition.state
         partition.state, actions = sm.transition(before, event, self.policy)
         if partition.state.phase is not before.phase:
+            partition.phase_since, partition.stalled_warned = time.monotonic(), False
             log.debug("partition.phase", topic=partition.topic, partition=partition.partition,
                       phase=partition.state.phase.value, on=type(event).__name__)
         for action in actions:
@@ -249,6 +262,14 @@ class Loop:
                 self._run(partition, self.committer.abort(partition.key, txn))
             case sm.CloseProducer():
                 self.jobs.spawn(self.committer.detach(partition.key))
+            case sm.DropProducer():
+                self.committer.detach(partition.key)  # its close job is never run
+                partition.job = None  # the stuck call's completion, if any, is ignored
+                log.error("producer.stuck", topic=partition.topic, partition=partition.partition,
+                          transactional_id=self.committer.transactional_id(partition.key),
+                          stuck_s=round(time.monotonic() - partition.phase_since, 1),
+                          note="a thread stays blocked in librdkafka; the producer is "
+                               "replaced if the partition is still ours")
             case sm.Finish(txn, commit, reason):
                 work = self.committer.finish(partition.key, txn, commit, reason,
                                              self._group_metadata())
@@ -386,6 +407,7 @@ class Loop:
             return
         self._next_housekeeping = now + _HOUSEKEEPING_EVERY_S
         self.report_partitions()
+        self._watch_stalls(now)
         self.metrics.oldest_open_transaction.set(
             max((p.state.age(now) for p in self.partitions.values()), default=0))
         for partition in self.partitions.values():
@@ -394,6 +416,25 @@ class Loop:
                 self.metrics.consumer_lag.labels(partition.topic, str(partition.partition)).set(
                     max(high - partition.position, 0))
 
+    def _watch_stalls(self, now: float) -> None:
+        """Log each partition on request (SIGUSR1), and warn once per phase about a
+        partition that has waited in a phase longer than any transaction may last."""
+        if self.describe_requested:
+            self.describe_requested = False
+            log.info("stage.partitions", jobs_running=self.jobs.running,
+                     partitions=[p.describe(now) for p in self.partitions.values()])
+        for partition in list(self.partitions.values()):
+            phase = partition.state.phase
+            if phase in (sm.Phase.COMMITTING, sm.Phase.ABORTING) and partition.job is not None \
+                    and now - partition.phase_since > self.policy.stuck_after_s:
+                self.dispatch(partition, sm.CallStuck(now))
+                continue
+            if partition.stalled_warned or phase is sm.Phase.ACTIVE:
+                continue
+            if now - partition.phase_since > self._stalled_after_s:
+                partition.stalled_warned = True
+                log.warning("partition.stalled", **partition.describe(now))
+
     # --- partitions coming and going (called by the rebalance listener) ----------
 
     def assign(self, partitions: list[TopicPartition]) -> None:
@@ -401,6 +442,7 @@ class Loop:
         self._assigning_since = self._assigning_since or now
         for tp in partitions:
             partition = Partition(tp.topic, tp.partition)
+            partition.phase_since = now
             self.partitions[partition.key] = partition
             partition.state, actions = sm.assigned()
             for action in actions:

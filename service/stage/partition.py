@@ -17,17 +17,20 @@ class Partition:
     """Mutable holder around the pure ``PartitionState``; the loop thread owns it."""
 
     __slots__ = (
+        "_state",
         "batch_first",
         "batch_next",
         "batch_records",
         "batch_since",
+        "flowing",
         "held",
         "job",
         "key",
         "on_abandon",
+        "phase_since",
         "position",
         "releasing",
-        "state",
+        "stalled_warned",
         "tp",
         "waiting_topic",
     )
@@ -35,7 +38,8 @@ class Partition:
     def __init__(self, topic: str, partition: int) -> None:
         self.key: TopicPartitionKey = (topic, partition)
         self.tp = TopicPartition(topic, partition)
-        self.state = PartitionState(Phase.INITIALISING)
+        self._state = PartitionState(Phase.INITIALISING)
+        self.flowing = False              # state.flowing, kept as the state changes
         self.held: list[Message] = []     # records waiting, in order, for a commit or lookup
         self.job: tuple[object, Future[Completion]] | None = None  # (token, future) in flight
         self.position = -1                # next offset expected; older ones are stale fetches
@@ -45,6 +49,28 @@ class Partition:
         # Released while a job ran: what to do (close its producer) once it ends.
         self.on_abandon: Callable[[], object] | None = None
         self.waiting_topic: str | None = None
+        self.phase_since = 0.0            # time.monotonic() of the last phase change
+        self.stalled_warned = False       # partition.stalled was logged for this phase
+
+    def describe(self, now: float) -> dict[str, object]:
+        """The partition as an operator needs to see it (SIGUSR1, partition.stalled)."""
+        state = self.state
+        return {"partition": f"{self.topic}/{self.partition}", "phase": state.phase.value,
+                "for_s": round(now - self.phase_since, 1),
+                "pauses": sorted(p.value for p in state.pause_reasons),
+                "open_records": state.txn.records if state.txn else 0,
+                "open_age_s": round(state.age(now), 1), "position": self.position,
+                "held": len(self.held), "job_running": self.job is not None,
+                "waiting_topic": self.waiting_topic, "releasing": self.releasing}
+
+    @property
+    def state(self) -> PartitionState:
+        return self._state
+
+    @state.setter
+    def state(self, state: PartitionState) -> None:
+        self._state = state
+        self.flowing = state.flowing
 
     @property
     def topic(self) -> str:

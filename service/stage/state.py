@@ -101,6 +101,7 @@ class Policy:
     max_record_attempts: int = 5
     reclaim_after_s: float = 45.0
     transaction_timeout_s: float = 60.0
+    stuck_after_s: float = 100.0  # a commit or abort still running: its producer is stuck
     backlog_limit: int = 5000
 
 
@@ -134,8 +135,16 @@ class PartitionState:
     @property
     def holding(self) -> bool:
         """Records that arrive now wait, in order, for the partition to go on."""
-        return self.phase is Phase.COMMITTING or (
-            self.phase is Phase.ACTIVE and Pause.LOOKUP in self.pauses)
+        phase = self.phase
+        return phase is Phase.COMMITTING or (
+            phase is Phase.ACTIVE and bool(self.pauses) and Pause.LOOKUP in self.pauses)
+
+    @property
+    def flowing(self) -> bool:
+        """Records are processed as they come, with nothing to check per record:
+        the loop's fast path (evaluated once per state change, not per record)."""
+        return self.phase is Phase.ACTIVE and not self.pauses and self.isolation is None \
+            and not self.refused
 
     @property
     def ready(self) -> bool:
@@ -272,6 +281,15 @@ class Tick:
 
 
 @dataclass(frozen=True, slots=True)
+class CallStuck:
+    """The commit or abort running beside the loop has not returned long after its
+    own deadline: librdkafka can miss a call's timeout (librdkafka#5456, #5511: a
+    coordinator request that is never retried after a broker restart)."""
+
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
 class Released:
     """Revoked (``lost=False``), lost, or the replica stops (``reason``)."""
 
@@ -282,7 +300,7 @@ class Released:
 
 Event = (Wrote | InitDone | InitFailed | Positioned | PositionFailed | CommitDue | CommitDone
          | CommitFailed | ProduceFailed | DeliveryFailed | AbortDone | AbortFailed | Poisoned
-         | BacklogFull | TopicUnknown | TopicResolved | Tick | Released)
+         | BacklogFull | TopicUnknown | TopicResolved | Tick | CallStuck | Released)
 
 # --------------------------------------------------------------------------- actions
 
@@ -334,6 +352,12 @@ class Finish:
     txn: Txn | None
     commit: bool
     reason: str = "revoked"  # the aborted-transactions metric's label if it aborts
+
+
+@dataclass(frozen=True, slots=True)
+class DropProducer:
+    """A call on the producer never returned: take it out without closing it (a
+    close could hang the same way). The next init_transactions of its id fences it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,8 +428,9 @@ class Reclaiming:
 
 
 Action = (PausePartition | ResumePartition | Seek | StartInit | LookupPosition | StartCommit
-          | StartAbort | CloseProducer | Finish | Abandon | DrainHeld | DropHeld | LookupTopic
-          | Fail | Committed | Aborted | Fenced | Isolating | RecordRefused | Reclaiming)
+          | StartAbort | CloseProducer | DropProducer | Finish | Abandon | DrainHeld | DropHeld
+          | LookupTopic | Fail | Committed | Aborted | Fenced | Isolating | RecordRefused
+          | Reclaiming)
 
 Step = tuple[PartitionState, list[Action]]
 
@@ -550,6 +575,11 @@ def _commit_failed(state: PartitionState, event: CommitFailed, policy: Policy) -
     if isinstance(error, RetriableError) and error.where.op == "commit_transaction":
         # It may have committed: never abort it. The next owner's init finishes it.
         return replace(state, commit_uncertain=True), [Fail(error)]
+    if isinstance(error, RetriableError):
+        # send_offsets_to_transaction did not finish by its deadline: nothing was
+        # committed, and the producer will not take another call while that one is
+        # pending (librdkafka answers _CONFLICT). Replace it, as after a fence.
+        return _fence(state, error, event.now, policy)
     return _fault(replace(state, reposition_after_commit=False), error, event.failures,
                   event.now, policy)
 
@@ -657,6 +687,10 @@ def _abort_failed(state: PartitionState, event: AbortFailed, policy: Policy) -> 
         # The coordinator had already aborted it (timed out) or another owner fenced
         # us. Either way the transaction is gone; the position comes from Kafka.
         return _fence(state, event.error, event.now, policy)
+    if isinstance(event.error, RetriableError):
+        # The abort did not finish by its deadline: the producer is stuck. Replace it;
+        # the next init_transactions of its id aborts the transaction for us.
+        return _fence(state, event.error, event.now, policy)
     return state, [Fail(event.error)]
 
 
@@ -715,6 +749,23 @@ def _tick(state: PartitionState, event: Tick, policy: Policy) -> Step:
         return replace(state, phase=Phase.INITIALISING, fenced_at=None), [
             Reclaiming(), StartInit()]
     return _ignored(state)
+
+
+@_on(CallStuck)
+def _call_stuck(state: PartitionState, event: CallStuck, policy: Policy) -> Step:
+    """Treated as a fence: whatever the stuck call did, the transaction never
+    completes under this producer. A new producer takes over after a session
+    time-out if the partition is still ours; its init_transactions completes or
+    aborts what was open, and the position then comes from Kafka."""
+    if state.phase not in (Phase.COMMITTING, Phase.ABORTING):
+        return _ignored(state)
+    txn = state.txn
+    return replace(state, phase=Phase.FENCED, fenced_at=event.now, txn=None, failures=(),
+                   abort_error=None, reposition_after_commit=False, commit_uncertain=False,
+                   pauses=state.pauses - {Pause.BACKLOG, Pause.LOOKUP}), [
+        DropHeld(), DropProducer(),
+        Fenced(txn, True, f"a {state.phase.value} call on the producer did not return in "
+                          f"{policy.stuck_after_s:.0f} s")]
 
 
 @_on(Released)

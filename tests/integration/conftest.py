@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,7 +91,7 @@ class StageSetup:
 
     def wait_committed(self, timeout: float = 90) -> None:
         wait_for(self.committed, timeout, "the group's committed offsets to reach the input end",
-                 self.logs)
+                 self.diagnose)
 
     def assert_exactly_once(self, transform: Transform = square) -> None:
         """V1-V5 over everything, and something was actually checked."""
@@ -99,6 +101,18 @@ class StageSetup:
 
     def logs(self) -> str:
         return "\n".join(f"--- {r.name} (pid {r.proc.pid if r.proc else '?'})\n{r.log_tail()}"
+                         for r in self.started)
+
+    def diagnose(self) -> str:
+        """For a test that timed out: ask each live replica (SIGUSR1) for its thread
+        stacks and its partitions' states, then show those and the logs without the
+        client's connection noise."""
+        live = [r for r in self.started if r.alive()]
+        for replica in live:
+            replica.signal(signal.SIGUSR1)
+        time.sleep(2.5 if live else 0)
+        return "\n".join(f"--- {r.name} (pid {r.proc.pid if r.proc else '?'}, "
+                         f"{'alive' if r.alive() else 'exited'})\n{r.diagnosis()}"
                          for r in self.started)
 
 

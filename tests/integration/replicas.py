@@ -102,6 +102,23 @@ class Replica:
     def events(self, name: str) -> list[dict[str, object]]:
         return [line for line in self.log_lines() if line.get("event") == name]
 
+    def diagnosis(self, lines: int = 40) -> str:
+        """The log without connection noise: its last ``lines`` lines, then the last
+        thread dump and partition states (SIGUSR1) if there were any."""
+        text = self.log_path.read_text(errors="replace").splitlines()
+        noise = ("kafka.client_error", "Connect to ipv4", "brokers are down")
+        quiet = [line for line in text if not any(n in line for n in noise)]
+        dump_at = max((i for i, line in enumerate(text)
+                       if line.startswith(("Thread 0x", "Current thread 0x"))), default=None)
+        parts = quiet[-lines:]
+        if dump_at is not None:
+            start = dump_at
+            while start > 0 and (not text[start - 1] or text[start - 1].startswith(
+                    ("Thread 0x", "Current thread", "  File "))):
+                start -= 1
+            parts += ["--- thread stacks (SIGUSR1)", *text[start:dump_at + 200]]
+        return "\n".join(parts)
+
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 

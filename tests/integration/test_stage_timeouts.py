@@ -49,8 +49,14 @@ def test_transform_stalling_past_max_poll_interval_loses_and_aborts(stage: Stage
 
 
 def test_broker_sigkill_and_restart_under_load(make_cluster: object, stage_on: object) -> None:
+    """Commits in flight when the broker dies. librdkafka may then never return from
+    send_offsets_to_transaction, whatever its timeout (librdkafka#5456, #5511; seen
+    here about one run in three with the consumer protocol): the stage must replace
+    that producer rather than wait forever. A 15 s transaction timeout puts "stuck"
+    at 55 s."""
     cluster = make_cluster(1)  # type: ignore[operator]
     stage: StageSetup = stage_on(cluster)  # type: ignore[operator]
+    stage.env["TXSTAGE_TRANSACTION_TIMEOUT_MS"] = "15000"
     first = stage.replica("a")
     second = stage.replica("b")
     feeder = threading.Thread(target=produce_inputs, args=(
@@ -62,7 +68,7 @@ def test_broker_sigkill_and_restart_under_load(make_cluster: object, stage_on: o
     time.sleep(3)
     cluster.restart(0)
     feeder.join()
-    stage.wait_committed(180)
+    stage.wait_committed(120)
     stage.assert_exactly_once()
     assert first.alive() and second.alive(), "a broker restart is not a reason to exit"
     assert {first.terminate(), second.terminate()} == {0}

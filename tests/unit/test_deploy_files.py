@@ -21,7 +21,6 @@ from typing import Any
 
 import yaml
 from prometheus_client import CollectorRegistry
-from prometheus_client.metrics import MetricWrapperBase
 
 from service.metrics import Metrics
 from service.settings import PASSTHROUGH_PREFIXES, Settings, load_settings
@@ -48,9 +47,8 @@ def series_names() -> frozenset[str]:
     """Every series name a PromQL query may use for a metric that Metrics registers."""
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
                 "gauge": ("",), "info": ("_info",)}
-    metrics = Metrics(CollectorRegistry())
-    wrappers = [v for v in vars(metrics).values() if isinstance(v, MetricWrapperBase)]
-    return frozenset(m._name + s for m in wrappers for s in suffixes[m._type])
+    families = list(Metrics(CollectorRegistry()).registry.collect())
+    return frozenset(f.name + s for f in families for s in suffixes[f.type])
 
 
 def unknown_metrics(exprs: list[str]) -> set[str]:

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
-from service.metrics import Metrics
+from service.metrics import HotHistogram, Metrics
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 START, END = "<!-- metrics:start -->", "<!-- metrics:end -->"
@@ -45,7 +45,9 @@ def label_names(metric: MetricWrapperBase, metrics: Metrics) -> frozenset[str]:
 def registered_families() -> set[Family]:
     metrics = Metrics(CollectorRegistry())
     wrappers = [v for v in vars(metrics).values() if isinstance(v, MetricWrapperBase)]
-    return {Family(served_name(m), m._type, label_names(m, metrics)) for m in wrappers}
+    hot = [v for v in vars(metrics).values() if isinstance(v, HotHistogram)]
+    return {Family(served_name(m), m._type, label_names(m, metrics)) for m in wrappers} | {
+        Family(h.name, "histogram", frozenset()) for h in hot}
 
 
 def served_type_lines() -> set[str]:

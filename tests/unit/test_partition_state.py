@@ -135,6 +135,54 @@ def test_a_commit_that_timed_out_is_never_aborted() -> None:
     assert kinds(actions) == ["DropHeld", "Abandon"]
 
 
+def test_offsets_that_could_not_be_sent_by_the_deadline_replace_the_producer() -> None:
+    """send_offsets_to_transaction still pending at its deadline: nothing committed,
+    and the producer refuses other calls while it is pending; so no abort (it would
+    get _CONFLICT) and no exit: close it and reclaim, from Kafka's committed offset."""
+    timed_out = RetriableError(Where("send_offsets_to_transaction"),
+                               KafkaError(KafkaError._TIMED_OUT, "t", retriable=True))
+    state, _ = step(active(0, 5), sm.CommitDue(1.0))
+    state, actions = step(state, sm.CommitFailed(timed_out, (), 95.0))
+    assert state.phase is Phase.FENCED and state.txn is None and not state.commit_uncertain
+    assert "CloseProducer" in kinds(actions) and "Fail" not in kinds(actions)
+    state, actions = step(state, sm.Tick(95.0 + POLICY.reclaim_after_s))
+    assert state.phase is Phase.INITIALISING and "StartInit" in kinds(actions)
+
+
+def test_an_abort_that_could_not_finish_by_its_deadline_replaces_the_producer() -> None:
+    timed_out = RetriableError(Where("abort_transaction"),
+                               KafkaError(KafkaError._TIMED_OUT, "t", retriable=True))
+    state, _ = step(active(0, 5), sm.ProduceFailed(abortable(), 1.0))
+    state, actions = step(state, sm.AbortFailed(timed_out, 95.0))
+    assert state.phase is Phase.FENCED and "CloseProducer" in kinds(actions)
+    assert "Fail" not in kinds(actions)
+
+
+@pytest.mark.parametrize("stuck_in", ["committing", "aborting"])
+def test_a_call_that_never_returns_drops_its_producer_and_reclaims(stuck_in: str) -> None:
+    """librdkafka#5456: send_offsets_to_transaction can ignore its timeout after a
+    broker restart. The producer is dropped unclosed, and replaced a session
+    time-out later; its init_transactions settles what was open."""
+    state = active(0, 5)
+    if stuck_in == "committing":
+        state, _ = step(state, sm.CommitDue(1.0))
+    else:
+        state, _ = step(state, sm.ProduceFailed(abortable(), 1.0))
+    state, actions = step(state, sm.CallStuck(200.0))
+    assert state.phase is Phase.FENCED and state.txn is None
+    assert kinds(actions)[-3:] == ["DropHeld", "DropProducer", "Fenced"] and state.paused
+    assert "CloseProducer" not in kinds(actions) and "StartAbort" not in kinds(actions)
+    state, actions = step(state, sm.Tick(200.0 + POLICY.reclaim_after_s))
+    assert kinds(actions) == ["Reclaiming", "StartInit"]
+    state, actions = step(state, sm.InitDone(207.0))
+    assert kinds(actions) == ["LookupPosition"]
+
+
+def test_a_call_reported_stuck_after_it_returned_changes_nothing() -> None:
+    state = active(0, 5)
+    assert step(state, sm.CallStuck(200.0))[1] == []
+
+
 def test_a_fatal_error_fails_the_replica() -> None:
     fatal = FatalError(Where("produce"), KafkaError(KafkaError._FATAL, "f", fatal=True))
     _, actions = step(active(0, 1), sm.ProduceFailed(fatal, 1.0))

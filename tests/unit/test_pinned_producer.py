@@ -80,9 +80,26 @@ def test_send_offsets_is_retried_with_identical_offsets() -> None:
         None]
     producer.send_offsets(42, "metadata")
     first, second = fake.send_offsets_to_transaction.call_args_list
-    assert first == second
-    (offsets, _metadata), _ = first
+    assert first.args[:2] == second.args[:2]  # the same offsets and group metadata
+    offsets, _metadata, timeout = first.args
     assert [(tp.topic, tp.partition, tp.offset) for tp in offsets] == [("in", 0, 42)]
+    assert 0 < second.args[2] <= timeout <= producer.deadline_s
+
+
+def test_every_transactional_call_is_given_the_time_left_never_forever() -> None:
+    """librdkafka's transactional calls block forever without a timeout (and its
+    background operation retries as long as the first call allows)."""
+    producer, fake = pinned()
+    producer.init()
+    producer.begin()
+    producer.send_offsets(1, "metadata")
+    producer.commit()
+    producer.begin()
+    producer.abort()
+    for call in (fake.init_transactions, fake.send_offsets_to_transaction,
+                 fake.commit_transaction, fake.abort_transaction):
+        timeout = call.call_args.args[-1]
+        assert isinstance(timeout, float) and 0 < timeout <= producer.deadline_s
 
 
 def test_failed_commit_keeps_its_own_class_and_keeps_the_failed_output() -> None:
