@@ -7,7 +7,6 @@ so the backfill's output equals the stream's record for record (parity).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from service import lineage
@@ -35,8 +34,7 @@ class Produced(NamedTuple):
     headers: list[tuple[str, bytes]]
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
+class Result(NamedTuple):
     """What to write for one input; ``error`` is set when it was dead-lettered."""
 
     outputs: list[Produced]

@@ -177,6 +177,21 @@ class PinnedProducer:
         except KafkaException as exc:
             raise self._translate(exc, "produce", offset) from exc
 
+    def produce_all(self, outputs: list[Produced], offset: int) -> None:
+        """Queue one input record's outputs; a failed one's report names ``offset``
+        (delivery reports carry no headers). The hot path: one call per record."""
+        report = self.deliveries.for_record(offset)
+        send = self._producer.produce
+        for out in outputs:
+            try:
+                send(out.topic, out.value, out.key, headers=out.headers,  # type: ignore[arg-type]
+                     on_delivery=report)
+            except BufferError:
+                with self._translated("produce", offset):
+                    produce(self._producer, out, report)
+            except KafkaException as exc:
+                raise self._translate(exc, "produce", offset) from exc
+
     def send_offsets(self, next_offset: int, group_metadata: object) -> None:
         offsets = [TopicPartition(self.topic, self.partition, next_offset)]
         self._retrying("send_offsets_to_transaction",

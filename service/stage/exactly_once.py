@@ -86,9 +86,7 @@ class ExactlyOnce:
         if not producer.in_transaction:
             producer.begin()
         if outputs:  # a failed output's report names its input record
-            report = producer.deliveries.for_record(offset)
-            for out in outputs:
-                producer.produce(out, offset, report)
+            producer.produce_all(outputs, offset)
 
     def commit(self, key: TopicPartitionKey, txn: Txn, group_metadata: GroupMetadata) -> Job:
         producer = self._producers[key]

@@ -42,7 +42,7 @@ from service.health import Health
 from service.messages import to_record
 from service.metrics import Metrics
 from service.processing import OutputRefusedError, process, refused
-from service.records import Transform
+from service.records import Record, Transform
 from service.settings import Settings
 from service.stage import state as sm
 from service.stage.committer import Committer, Job
@@ -132,7 +132,18 @@ class Loop:
     # --- records ----------------------------------------------------------------
 
     def process(self, messages: Iterable[Message], now: float) -> None:
+        """Process a batch, in offset order per partition.
+
+        The hot path, one pass per record: a *flowing* partition (ACTIVE, no pause,
+        nothing isolated or refused: ``PartitionState.flowing``, kept on the
+        partition as its state changes) runs the record straight through
+        ``processing.process`` into the committer. Anything else goes through
+        ``_one``, which checks the state record by record."""
         partitions = self.partitions
+        transform, limits, write = self.transform, self.limits, self.committer.write
+        default_topic, dlq_topic = self.settings.output_topic, self.settings.dlq_topic or None
+        observe, clock = self._transform_seconds, time.perf_counter
+        produced = self._produced
         consumed = 0
         for msg in messages:
             error = msg.error()
@@ -140,42 +151,65 @@ class Loop:
                 self._consume_error(error)
                 continue
             partition = partitions.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
-            if partition is not None and self._one(partition, msg, now):
-                consumed += 1
+            if partition is None:
+                continue
+            if not partition.flowing:
+                consumed += self._one(partition, msg, now)
+                continue
+            offset: int = msg.offset()  # type: ignore[assignment]
+            if offset < partition.position:
+                continue  # a stale fetch from before a seek
+            record = to_record(msg)
+            started = clock()
+            try:
+                result = process(transform, record, default_topic=default_topic,
+                                 dlq_topic=dlq_topic, max_bytes=limits)
+            except (PoisonRecordError, TopicLimitPending) as exc:
+                self._not_processed(partition, msg, exc, now)
+                continue
+            observe(clock() - started)
+            if result.error is not None:
+                self._dead_lettered(partition, record, result.error)
+            try:
+                write(partition.key, offset, result.outputs)
+            except KafkaOperationError as exc:
+                self.dispatch(partition, sm.ProduceFailed(exc, now))
+                continue
+            if not partition.batch_records:
+                partition.batch_first, partition.batch_since = offset, now
+            partition.batch_next = partition.position = offset + 1
+            partition.batch_records += 1
+            for out in result.outputs:
+                produced[out.topic] += 1
+            consumed += 1
         self.metrics.consumed.inc(consumed)
         for partition in partitions.values():
             if partition.batch_records:
                 self._tell_written(partition)
-        for topic, count in self._produced.items():
+        for topic, count in produced.items():
             self.metrics.produced.labels(topic=topic).inc(count)
-        self._produced.clear()
+        produced.clear()
 
     def _one(self, partition: Partition, msg: Message, now: float) -> bool:
-        """Process one record; False when it was held or dropped. The hot path: a
-        flowing partition (ACTIVE, no pause, nothing isolated or refused) checks
-        nothing else per record."""
+        """Process one record of a partition that is not flowing, checking its state;
+        False when the record was held or dropped."""
         offset: int = msg.offset()  # type: ignore[assignment]
-        if not partition.flowing:
-            state = partition.state
-            if state.holding:
+        state = partition.state
+        if state.holding:
+            self._hold(partition, msg)
+            return False
+        if state.phase is not sm.Phase.ACTIVE or (
+                state.pauses and sm.Pause.BACKOFF in state.pauses):
+            return False  # fetched before a seek or a pause: it is read again later
+        if offset < partition.position:
+            return False  # a stale fetch from before a seek
+        if state.isolation is not None:
+            room = state.room()
+            if room is not None and room - partition.batch_records <= 0:
+                self.dispatch(partition, sm.CommitDue(now))  # the transaction is full
                 self._hold(partition, msg)
                 return False
-            if state.phase is not sm.Phase.ACTIVE or (
-                    state.pauses and sm.Pause.BACKOFF in state.pauses):
-                return False  # fetched before a seek or a pause: it is read again later
-            if offset < partition.position:
-                return False  # a stale fetch from before a seek
-            if state.isolation is not None:
-                room = state.room()
-                if room is not None and room - partition.batch_records <= 0:
-                    self.dispatch(partition, sm.CommitDue(now))  # the transaction is full
-                    self._hold(partition, msg)
-                    return False
-            refusal = state.refused.get(offset)
-        elif offset < partition.position:
-            return False  # a stale fetch from before a seek
-        else:
-            refusal = None
+        refusal = state.refused.get(offset)
         record = to_record(msg)
         started = time.perf_counter()
         settings = self.settings
@@ -185,20 +219,12 @@ class Loop:
             else:
                 result = process(self.transform, record, default_topic=settings.output_topic,
                                  dlq_topic=settings.dlq_topic or None, max_bytes=self.limits)
-        except PoisonRecordError as exc:
-            self.dispatch(partition, sm.Poisoned(exc, now))
-            return False
-        except TopicLimitPending as exc:
-            self.dispatch(partition, sm.TopicUnknown(exc.topic))
-            self._hold(partition, msg)
+        except (PoisonRecordError, TopicLimitPending) as exc:
+            self._not_processed(partition, msg, exc, now)
             return False
         self._transform_seconds(time.perf_counter() - started)
         if result.error is not None:
-            self.metrics.dead_lettered.inc()
-            log.warning("record.dead_lettered", topic=record.topic, partition=record.partition,
-                        offset=offset, transactional_id=self.committer.transactional_id(
-                            partition.key),
-                        error_class=type(result.error).__name__, error=str(result.error))
+            self._dead_lettered(partition, record, result.error)
         try:
             self.committer.write(partition.key, offset, result.outputs)
         except KafkaOperationError as exc:
@@ -212,6 +238,21 @@ class Loop:
         for out in result.outputs:
             produced[out.topic] += 1
         return True
+
+    def _not_processed(self, partition: Partition, msg: Message,
+                       exc: PoisonRecordError | TopicLimitPending, now: float) -> None:
+        if isinstance(exc, PoisonRecordError):
+            self.dispatch(partition, sm.Poisoned(exc, now))
+        else:  # an output topic not looked up yet: hold the record meanwhile
+            self.dispatch(partition, sm.TopicUnknown(exc.topic))
+            self._hold(partition, msg)
+
+    def _dead_lettered(self, partition: Partition, record: Record, error: BaseException) -> None:
+        self.metrics.dead_lettered.inc()
+        log.warning("record.dead_lettered", topic=record.topic, partition=record.partition,
+                    offset=record.offset,
+                    transactional_id=self.committer.transactional_id(partition.key),
+                    error_class=type(error).__name__, error=str(error))
 
     def _hold(self, partition: Partition, msg: Message) -> None:
         partition.held.append(msg)
