@@ -157,25 +157,9 @@ class PinnedProducer:
             self._producer.begin_transaction()
         self.in_transaction = True
 
-    def produce(self, out: Produced, offset: int,
-                report: Callable[[KafkaError | None, Message], None] | None = None) -> None:
-        """Queue one output; waits (serving callbacks) while the local queue is full.
-
-        The hot path (one call per output): a plain try, nothing built unless it fails.
-        """
-        try:
-            if report is None:
-                self._producer.produce(out.topic, out.value, out.key,
-                                       headers=out.headers)  # type: ignore[arg-type]
-            else:
-                self._producer.produce(out.topic, out.value, out.key,
-                                       headers=out.headers,  # type: ignore[arg-type]
-                                       on_delivery=report)
-        except BufferError:
-            with self._translated("produce", offset):
-                produce(self._producer, out, report)
-        except KafkaException as exc:
-            raise self._translate(exc, "produce", offset) from exc
+    def produce(self, out: Produced, offset: int) -> None:
+        """Queue one output of the input record at ``offset``."""
+        self.produce_all([out], offset)
 
     def produce_all(self, outputs: list[Produced], offset: int) -> None:
         """Queue one input record's outputs; a failed one's report names ``offset``
