@@ -6,8 +6,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+CHAOS_ARGS ?=
 
-.PHONY: install test unit integration lint kafka-up kafka-down demo bench clean
+.PHONY: install test unit integration lint kafka-up kafka-down demo bench chaos clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +44,12 @@ demo: install
 
 bench: install
 	$(PY) -m bench.throughput $(BENCH_ARGS)
+
+# A chaos campaign (tests/chaos/campaign.py), e.g.
+# make chaos CHAOS_ARGS="--seed 7 --duration 300 --nodes 3 --group-protocol consumer"
+chaos: install
+	$(PY) -m service kafka install
+	$(PY) -m tests.chaos.campaign $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -172,3 +172,29 @@ def square_unless_refused_before_commit(record: Record) -> Iterator[Output]:
     if record.offset % 50 == 49:
         raise ValueError("refused by the broker")
     yield from square(record)
+
+
+def chaos(record: Record) -> Iterator[Output]:
+    """The chaos campaign's transform (tests/chaos): square, plus faults decided by
+    the record itself (so ``verify`` can predict the outputs) or switched on from
+    outside:
+
+    - every 997th offset sleeps 20 ms (slow records);
+    - a value that is a multiple of 1009 raises: dead-lettered;
+    - while the file ``TEST_STALL_FILE`` exists, the first record to see it removes it
+      and sleeps the seconds written in it (a stall past a time-out, injected by the
+      campaign at a moment of its choosing)."""
+    if record.offset % 997 == 0:
+        time.sleep(0.02)
+    stall_file = os.environ.get("TEST_STALL_FILE")
+    if stall_file and os.path.exists(stall_file):
+        try:
+            with open(stall_file) as f:
+                seconds = float(f.read() or "0")
+            os.remove(stall_file)
+        except (OSError, ValueError):
+            seconds = 0.0  # another replica took it first
+        time.sleep(seconds)
+    if record.value is not None and record.value.isdigit() and int(record.value) % 1009 == 0:
+        raise ValueError(f"chaos: {int(record.value)} is a multiple of 1009")
+    yield from square(record)

@@ -1,0 +1,188 @@
+"""The fault library a chaos campaign draws from.
+
+Every fault is a function ``(world, rng) -> description | None`` that applies itself
+at once and schedules its own healing (a killed replica is restarted as an
+orchestrator would, a paused broker resumed, a proxy fault expires); ``None`` means it
+did not apply now (e.g. no replica to kill). All randomness comes from ``rng``, so a
+seed replays the same campaign.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.harness.proxy import Api
+
+if TYPE_CHECKING:
+    from tests.chaos.campaign import World
+
+
+@dataclass(order=True)
+class Later:
+    """Something to do at ``at`` (time.monotonic()): a fault's own healing."""
+
+    at: float
+    what: str = field(compare=False)
+    action: Callable[[], object] = field(compare=False)
+
+
+Fault = Callable[["World", random.Random], str | None]
+
+
+# ----------------------------------------------------------------------------- replicas
+
+
+def replica_sigkill(world: World, rng: random.Random) -> str | None:
+    replica = world.pick_replica(rng)
+    if replica is None:
+        return None
+    world.expect_exit(replica, -signal.SIGKILL)
+    replica.kill()
+    delay = rng.uniform(1, 4)
+    world.later(delay, f"restart {replica.name}", lambda: world.restart(replica))
+    return f"SIGKILL replica {replica.name}; restarted in {delay:.1f} s"
+
+
+def replica_sigterm(world: World, rng: random.Random) -> str | None:
+    replica = world.pick_replica(rng)
+    if replica is None:
+        return None
+    world.expect_exit(replica, 0)
+    replica.signal(signal.SIGTERM)
+    delay = rng.uniform(2, 5)
+    world.later(delay, f"restart {replica.name}", lambda: world.restart(replica))
+    return f"SIGTERM replica {replica.name}; restarted in {delay:.1f} s"
+
+
+def replica_pause(world: World, rng: random.Random) -> str | None:
+    """SIGSTOP past the session time-out (its partitions move), then SIGCONT: a zombie
+    that wakes up must be fenced, not commit."""
+    replica = world.pick_replica(rng)
+    if replica is None:
+        return None
+    seconds = world.session_timeout_s + rng.uniform(1, 4)
+    replica.signal(signal.SIGSTOP)
+    world.paused_replicas.add(replica.name)
+
+    def resume() -> None:
+        world.paused_replicas.discard(replica.name)
+        if replica.alive():
+            replica.signal(signal.SIGCONT)
+    world.later(seconds, f"SIGCONT {replica.name}", resume)
+    return f"SIGSTOP replica {replica.name} for {seconds:.1f} s"
+
+
+def replica_scale(world: World, rng: random.Random) -> str | None:
+    """One replica more (a scale-up), or, when one was added, one fewer (SIGTERM)."""
+    extra = [r for r in world.live_replicas() if r.name in world.extras
+             and r.proc is not None and r.proc.pid not in world.expected_exits]
+    if extra:
+        replica = rng.choice(extra)
+        world.expect_exit(replica, 0)
+        world.extras.discard(replica.name)
+        world.left.add(replica.name)
+        replica.signal(signal.SIGTERM)
+        return f"replica {replica.name} leaves (SIGTERM)"
+    replica = world.add_replica()
+    return f"replica {replica.name} joins"
+
+
+# ----------------------------------------------------------------------------- brokers
+
+
+def broker_kill(world: World, rng: random.Random) -> str | None:
+    cluster = world.cluster
+    running = [i for i in cluster.node_ids if cluster.is_running(i) and not cluster.is_paused(i)]
+    if len(running) < cluster.size:  # one fault at a time per cluster: keep a quorum
+        return None
+    node = rng.choice(running)
+    cluster.kill(node)
+    delay = rng.uniform(2, 6)
+    world.later(delay, f"restart broker {node}", lambda: cluster.restart(node))
+    return f"SIGKILL broker {node}; restarted in {delay:.1f} s"
+
+
+def broker_pause(world: World, rng: random.Random) -> str | None:
+    cluster = world.cluster
+    running = [i for i in cluster.node_ids if cluster.is_running(i) and not cluster.is_paused(i)]
+    if len(running) < cluster.size:
+        return None
+    node = rng.choice(running)
+    seconds = rng.uniform(2, 6)
+    cluster.pause(node)
+    world.later(seconds, f"resume broker {node}", lambda: cluster.resume(node))
+    return f"SIGSTOP broker {node} for {seconds:.1f} s"
+
+
+# ----------------------------------------------------------------------------- network
+
+
+def net_end_txn_late(world: World, rng: random.Random) -> str | None:
+    """EndTxn answers held back: commits and aborts wait, time out, are retried."""
+    seconds, during = rng.uniform(1, 5), rng.uniform(5, 12)
+    world.proxy.delay_response(Api.END_TXN, seconds, duration_s=during)
+    return f"EndTxn responses {seconds:.1f} s late for {during:.0f} s"
+
+
+def net_produce_dropped(world: World, rng: random.Random) -> str | None:
+    """The connection dies after the broker wrote a Produce but before the answer."""
+    count = rng.randint(1, 4)
+    world.proxy.drop_connection(Api.PRODUCE, on="response", count=count, duration_s=20)
+    return f"{count} connection(s) dropped after a Produce was written"
+
+
+def net_offsets_late(world: World, rng: random.Random) -> str | None:
+    seconds, during = rng.uniform(1, 4), rng.uniform(5, 10)
+    world.proxy.delay_request((Api.ADD_OFFSETS_TO_TXN, Api.TXN_OFFSET_COMMIT), seconds,
+                              duration_s=during)
+    return f"AddOffsetsToTxn/TxnOffsetCommit {seconds:.1f} s late for {during:.0f} s"
+
+
+def net_partition_replica(world: World, rng: random.Random) -> str | None:
+    """Every connection of one replica held (a network partition), then released."""
+    replica = world.pick_replica(rng)
+    if replica is None or replica.proc is None:
+        return None
+    seconds = rng.uniform(2, world.session_timeout_s + 3)
+    world.proxy.blackhole(seconds, client_id=f"txstage-*-{replica.proc.pid}")
+    return f"replica {replica.name} cut off from the brokers for {seconds:.1f} s"
+
+
+# ----------------------------------------------------------------------------- transform
+
+
+def transform_stall(world: World, rng: random.Random) -> str | None:
+    """One record's transform stalls past transaction.timeout.ms or past
+    max.poll.interval.ms (whichever is drawn)."""
+    if Path(world.stall_file).exists():
+        return None
+    past, limit = rng.choice([("transaction.timeout.ms", world.transaction_timeout_s),
+                              ("max.poll.interval.ms", world.max_poll_interval_s)])
+    seconds = limit + rng.uniform(1, 3)
+    Path(world.stall_file).write_text(f"{seconds:.1f}")
+    return f"a transform call stalls {seconds:.1f} s (past {past})"
+
+
+LIBRARY: dict[str, Fault] = {
+    "replica_sigkill": replica_sigkill,
+    "replica_sigterm": replica_sigterm,
+    "replica_pause": replica_pause,
+    "replica_scale": replica_scale,
+    "broker_kill": broker_kill,
+    "broker_pause": broker_pause,
+    "net_end_txn_late": net_end_txn_late,
+    "net_produce_dropped": net_produce_dropped,
+    "net_offsets_late": net_offsets_late,
+    "net_partition_replica": net_partition_replica,
+    "transform_stall": transform_stall,
+}
+
+
+def now() -> float:
+    return time.monotonic()

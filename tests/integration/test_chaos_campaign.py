@@ -1,0 +1,19 @@
+"""A short chaos campaign in the suite (issue 9's CI subset): fixed seeds, a fault
+every few seconds for under a minute each, then heal, drain and check everything
+``make chaos`` checks. A failing seed is replayed with the same arguments:
+``make chaos CHAOS_ARGS="--seed <seed> --duration <s> ..."``."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.chaos.campaign import report_text, run_campaign
+
+
+@pytest.mark.parametrize(("seed", "protocol"), [(11, "classic"), (12, "consumer")])
+def test_a_short_campaign_keeps_every_promise(seed: int, protocol: str) -> None:
+    outcome = run_campaign(seed=seed, duration_s=45, nodes=1, guarantee="exactly_once",
+                           group_protocol=protocol, replicas=2, interval_s=5, rate=800,
+                           drain_timeout_s=150, say=print)
+    assert len(outcome.faults) >= 4, report_text(outcome)
+    assert outcome.ok, report_text(outcome)
