@@ -58,7 +58,7 @@ class Cluster:
         try:
             return set(self._admin.list_topics(timeout=_TIMEOUT_S).topics)
         except KafkaException as exc:
-            raise translate(exc, Where("list_topics")) from exc
+            raise _translated(exc, Where("list_topics")) from exc
 
     def committed_offset(self, group_id: str, topic: str, partition: int, *,
                          require_stable: bool = True, timeout_s: float = _TIMEOUT_S) -> int:
@@ -104,7 +104,17 @@ class Cluster:
         return config
 
     def broker_config(self) -> dict[str, str]:
-        metadata = self._admin.list_topics(timeout=_TIMEOUT_S)
+        """One broker's configuration. Metadata without a broker in it (seen while the
+        only broker was paused: chaos seed 11) is the cluster's "not now"."""
+        where = Where("describe_configs")
+        try:
+            metadata = self._admin.list_topics(timeout=_TIMEOUT_S)
+        except KafkaException as exc:
+            raise _translated(exc, where) from exc
+        if not metadata.brokers:
+            raise RetriableError(where, KafkaError(
+                KafkaError._ALL_BROKERS_DOWN, "the cluster metadata names no broker",
+                retriable=True))
         broker_id = str(next(iter(metadata.brokers)))
         return self._describe(ConfigResource(ConfigResource.Type.BROKER, broker_id), None)
 

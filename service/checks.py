@@ -3,10 +3,17 @@
 
 from __future__ import annotations
 
+import time
+
+import structlog
+
 from service.admin import DEFAULT_MESSAGE_MAX_BYTES, Cluster
-from service.errors import ConfigError, KafkaOperationError
+from service.errors import ConfigError, KafkaOperationError, RetriableError
 from service.kafka_config import consumer_config, producer_config
 from service.settings import Settings
+
+log = structlog.get_logger(__name__)
+_RETRY_S = 1.0
 
 
 def producer_max_bytes(settings: Settings) -> int:
@@ -14,18 +21,35 @@ def producer_max_bytes(settings: Settings) -> int:
                                                        DEFAULT_MESSAGE_MAX_BYTES)))
 
 
-def check_cluster(settings: Settings, cluster: Cluster) -> None:
-    """Raise ConfigError listing every problem found; return when there is none."""
-    try:
-        problems = [*_topic_problems(settings, cluster), *_timeout_problems(settings, cluster)]
-        if not problems:
-            problems = _size_problems(settings, cluster)
-    except KafkaOperationError as exc:
-        raise ConfigError(
-            f"cannot query the cluster at TXSTAGE_BOOTSTRAP_SERVERS="
-            f"{settings.bootstrap_servers}: {exc}") from exc
+def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) -> None:
+    """Raise ConfigError listing every problem found; return when there is none.
+
+    While the cluster answers "not now" (a broker restarting or paused, no broker in
+    the metadata yet) the checks are asked again for up to ``wait_s``: a replica that
+    starts during a broker restart waits for it instead of exiting (chaos seed 11)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            problems = [*_topic_problems(settings, cluster),
+                        *_timeout_problems(settings, cluster)]
+            if not problems:
+                problems = _size_problems(settings, cluster)
+            break
+        except RetriableError as exc:
+            if time.monotonic() >= deadline:
+                raise _unreachable(settings, exc) from exc
+            log.warning("startup.cluster_unavailable", error=str(exc),
+                        waiting_s=round(deadline - time.monotonic(), 1))
+            time.sleep(_RETRY_S)
+        except KafkaOperationError as exc:
+            raise _unreachable(settings, exc) from exc
     if problems:
         raise ConfigError(*problems)
+
+
+def _unreachable(settings: Settings, exc: KafkaOperationError) -> ConfigError:
+    return ConfigError(f"cannot query the cluster at TXSTAGE_BOOTSTRAP_SERVERS="
+                       f"{settings.bootstrap_servers}: {exc}")
 
 
 def _topic_problems(settings: Settings, cluster: Cluster) -> list[str]:

@@ -60,24 +60,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
 
 
-def _validated(settings: Settings) -> Cluster:
+def _validated(settings: Settings, *, wait_s: float) -> Cluster:
     load_transform(settings.transform)
     cluster = Cluster(admin_config(settings))
-    check_cluster(settings, cluster)
+    check_cluster(settings, cluster, wait_s=wait_s)
     return cluster
 
 
 def _check(settings: Settings) -> int:
-    _validated(settings)
+    _validated(settings, wait_s=_CHECK_WAITS_S)
     print("txstage: configuration OK")
     return EXIT_OK
 
 
 _SWITCH_INTERVAL_S = 0.001
+# How long start-up waits for a cluster that answers "not now" (a broker restarting)
+# before exiting 2: a replica outlives a broker restart; an operator's check-config
+# answers soon.
+_RUN_WAITS_S = 120.0
+_CHECK_WAITS_S = 10.0
 
 
 def _run(settings: Settings) -> int:
-    cluster = _validated(settings)
+    cluster = _validated(settings, wait_s=_RUN_WAITS_S)
     # Commits, aborts and inits run on job threads that need the GIL for a moment
     # between Kafka calls; with the default 5 ms switch interval they wait behind the
     # loop thread's per-record work. 1 ms halved commit latency (p50 86 -> 40 ms,

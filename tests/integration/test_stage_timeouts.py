@@ -103,3 +103,25 @@ def test_sigterm_commits_open_transactions(stage: StageSetup) -> None:
     assert stage.committed(), \
         "shutdown must commit what was open, not abort it"
     stage.assert_exactly_once()
+
+
+def test_seed_11_a_replica_started_while_the_broker_is_paused_waits_for_it(
+        make_cluster: object, stage_on: object) -> None:
+    """Chaos seed 11 (replica_scale during broker_pause): the start-up checks met a
+    cluster that could not answer, and the replica crashed (a StopIteration on
+    metadata without brokers, or exit 2 on a time-out). It must wait and then run."""
+    cluster = make_cluster(1)  # type: ignore[operator]
+    stage: StageSetup = stage_on(cluster)  # type: ignore[operator]
+    produce_inputs(stage.bootstrap, stage.input_topic, range(400), PARTITIONS)
+    cluster.pause(0)
+    try:
+        replica = stage.replica("a")
+        time.sleep(20)  # longer than one admin call's time-out (15 s)
+        assert replica.alive(), "a paused broker at start-up is not a reason to exit\n" \
+            + replica.diagnosis()
+    finally:
+        cluster.resume(0)
+    stage.wait_committed(90)
+    stage.assert_exactly_once()
+    assert replica.events("startup.cluster_unavailable")
+    assert replica.terminate() == 0

@@ -1,0 +1,59 @@
+"""Start-up checks against a cluster that answers "not now" (chaos seed 11: a replica
+started while the only broker was paused crashed with a StopIteration traceback)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from unittest.mock import MagicMock
+
+import pytest
+from confluent_kafka import KafkaError
+
+from service.admin import Cluster
+from service.checks import check_cluster
+from service.errors import ConfigError, RetriableError, Where
+from service.settings import load_settings
+
+SETTINGS = load_settings({
+    "TXSTAGE_BOOTSTRAP_SERVERS": "127.0.0.1:1", "TXSTAGE_GROUP_ID": "g",
+    "TXSTAGE_INPUT_TOPICS": "in", "TXSTAGE_OUTPUT_TOPIC": "out",
+    "TXSTAGE_TRANSFORM": "service.examples.square:square"})
+
+
+def test_metadata_without_a_broker_is_the_clusters_not_now() -> None:
+    cluster = Cluster({"bootstrap.servers": "127.0.0.1:1"})
+    cluster._admin = MagicMock()
+    cluster._admin.list_topics.return_value = SimpleNamespace(brokers={}, topics={})
+    with pytest.raises(RetriableError, match="names no broker"):
+        cluster.broker_config()
+
+
+class _Flaky:
+    """A cluster that says "not now" ``failures`` times, then answers."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+
+    def existing_topics(self) -> set[str]:
+        if self.failures:
+            self.failures -= 1
+            raise RetriableError(Where("list_topics"), KafkaError(
+                KafkaError._ALL_BROKERS_DOWN, "down", retriable=True))
+        return {"in", "out"}
+
+    def broker_config(self) -> dict[str, str]:
+        return {"transaction.max.timeout.ms": "900000"}
+
+    def topic_config(self, topic: str) -> dict[str, str]:
+        return {"max.message.bytes": "1048588"}
+
+
+def test_start_up_waits_for_a_cluster_that_answers_not_now() -> None:
+    cluster = _Flaky(failures=2)
+    check_cluster(SETTINGS, cluster, wait_s=30)  # type: ignore[arg-type]
+    assert cluster.failures == 0
+
+
+def test_start_up_gives_up_with_a_config_error_once_the_wait_is_over() -> None:
+    with pytest.raises(ConfigError, match="cannot query the cluster"):
+        check_cluster(SETTINGS, _Flaky(failures=100), wait_s=0)  # type: ignore[arg-type]
