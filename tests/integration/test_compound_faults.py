@@ -59,7 +59,7 @@ def settle(stage: StageSetup, replicas: Sequence[Replica], timeout: float, *,
         return stage.committed()
 
     return wait_for(done, timeout, "the group's committed offsets to reach the input end",
-                    stage.logs)
+                    stage.diagnose)
 
 
 def assert_alive(stage: StageSetup, replicas: Iterable[Replica]) -> None:
@@ -269,7 +269,10 @@ def test_outputs_to_a_missing_topic_are_dead_lettered_across_a_frozen_broker(
         assert_alive(stage, [replica])
     finally:
         cluster.resume(0)
-    settle(stage, [replica], 60)
+    # After a freeze, librdkafka may leave a commit or abort hanging past its timeout
+    # (librdkafka#5456; seen once in CI with the consumer protocol): the stage replaces
+    # that producer after transaction timeout + 40 s (CallStuck), then reclaims.
+    settle(stage, [replica], 180)
     report = stage.verify(square_unless_tenth)
     assert report.ok, report.problems()
     letters = read_committed(stage.bootstrap, stage.dlq_topic)
