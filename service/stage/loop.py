@@ -41,7 +41,7 @@ from service.errors import (
 from service.health import Health
 from service.messages import to_record
 from service.metrics import Metrics
-from service.processing import OutputRefusedError, process, refused
+from service.processing import OutputRefusedError, Result, process, refused
 from service.records import Record, Transform
 from service.settings import Settings
 from service.stage import state as sm
@@ -140,7 +140,7 @@ class Loop:
         ``processing.process`` into the committer. Anything else goes through
         ``_one``, which checks the state record by record."""
         partitions = self.partitions
-        transform, limits, write = self.transform, self.limits, self.committer.write
+        transform, limits = self.transform, self.limits
         default_topic, dlq_topic = self.settings.output_topic, self.settings.dlq_topic or None
         observe, clock = self._transform_seconds, time.perf_counter
         produced = self._produced
@@ -168,20 +168,7 @@ class Loop:
                 self._not_processed(partition, msg, exc, now)
                 continue
             observe(clock() - started)
-            if result.error is not None:
-                self._dead_lettered(partition, record, result.error)
-            try:
-                write(partition.key, offset, result.outputs)
-            except KafkaOperationError as exc:
-                self.dispatch(partition, sm.ProduceFailed(exc, now))
-                continue
-            if not partition.batch_records:
-                partition.batch_first, partition.batch_since = offset, now
-            partition.batch_next = partition.position = offset + 1
-            partition.batch_records += 1
-            for out in result.outputs:
-                produced[out.topic] += 1
-            consumed += 1
+            consumed += self._written(partition, record, result, now)
         self.metrics.consumed.inc(consumed)
         for partition in partitions.values():
             if partition.batch_records:
@@ -223,8 +210,15 @@ class Loop:
             self._not_processed(partition, msg, exc, now)
             return False
         self._transform_seconds(time.perf_counter() - started)
+        return self._written(partition, record, result, now)
+
+    def _written(self, partition: Partition, record: Record, result: Result,
+                 now: float) -> bool:
+        """Hand a processed record's outputs to the committer and advance the
+        partition's batch; False when the write failed (the state machine is told)."""
         if result.error is not None:
             self._dead_lettered(partition, record, result.error)
+        offset = record.offset
         try:
             self.committer.write(partition.key, offset, result.outputs)
         except KafkaOperationError as exc:
