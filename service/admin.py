@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
@@ -44,7 +44,8 @@ class UnknownTopicError(LookupError):
 
 
 class Cluster:
-    """A thin, cached view of the cluster through one AdminClient. The cache matters:
+    """A thin, cached view of the cluster through one AdminClient (and, for committed
+    offsets, consumers that never join their group). The cache matters:
     the start-up checks describe the output and dead-letter topics, so the running
     stage never needs the admin API for them (during a broker failure it may hang)."""
 
@@ -52,6 +53,7 @@ class Cluster:
         self._config = config
         self._admin = AdminClient(config)
         self._lock = threading.Lock()
+        self._offset_readers: dict[tuple[str, bool], Consumer] = {}
         self._topic_configs: dict[str, dict[str, str]] = {}
 
     def existing_topics(self) -> set[str]:
@@ -66,32 +68,45 @@ class Cluster:
         RequireStable: while a transaction holding offsets for it is still open the
         broker answers UNSTABLE_OFFSET_COMMIT (retriable) instead of a stale offset.
 
-        A separate client on purpose: a consumer's own committed() called from a
-        second thread waits while its loop thread sits in consume()."""
-        request = ConsumerGroupTopicPartitions(group_id, [TopicPartition(topic, partition)])
+        Asked through a consumer of the group that never joins it (one per group and
+        isolation level, read_committed meaning RequireStable), not the AdminClient:
+        librdkafka answers NOT_COORDINATOR to an admin ListConsumerGroupOffsets by
+        poking the admin client's consumer group, which it has none of, and the process
+        dies with SIGSEGV (librdkafka#5040, open; seen in CI and chaos runs when a
+        broker restarted or paused). Not the stage's own consumer either: its
+        committed() from a second thread waits while its loop thread sits in consume()."""
         where = Where("committed", topic=topic, partition=partition)
+        consumer = self._offset_reader(group_id, require_stable)
         try:
-            future = self._admin.list_consumer_group_offsets(
-                [request], require_stable=require_stable, request_timeout=timeout_s)[group_id]
-            [found] = future.result(timeout=timeout_s + 5).topic_partitions
-        except TimeoutError as exc:
-            self._renew()
-            raise RetriableError(where, KafkaError(
-                KafkaError._TIMED_OUT, f"no answer within {_TIMEOUT_S} s", retriable=True)) from exc
+            [found] = consumer.committed([TopicPartition(topic, partition)], timeout=timeout_s)
         except KafkaException as exc:
             error = _translated(exc, where)
             if error.code == KafkaError._TIMED_OUT:
-                self._renew()
+                self._renew_offset_reader(group_id, require_stable, consumer)
             raise error from exc
         if found.error is not None:
             raise _translated(KafkaException(found.error), where)
         return int(found.offset)
 
-    def _renew(self) -> None:
-        """A fresh client after a time-out: after a broker restart, an AdminClient was
-        seen timing out every group-offset request while new clients got answers."""
+    def _offset_reader(self, group_id: str, stable: bool) -> Consumer:
         with self._lock:
-            self._admin = AdminClient(self._config)
+            reader = self._offset_readers.get((group_id, stable))
+            if reader is None:
+                name = f"{self._config.get('client.id', 'txstage')}-offsets"
+                reader = self._offset_readers[(group_id, stable)] = Consumer({
+                    **self._config, "client.id": name,
+                    "group.id": group_id, "enable.auto.commit": False,
+                    "isolation.level": "read_committed" if stable else "read_uncommitted"})
+            return reader
+
+    def _renew_offset_reader(self, group_id: str, stable: bool, stale: Consumer) -> None:
+        """A fresh client after a time-out: after a broker restart, a client was seen
+        timing out every group-offset request while new clients got answers. (The
+        stale one is never closed here: another thread may be inside it. It goes
+        when the last call on it returns.)"""
+        with self._lock:
+            if self._offset_readers.get((group_id, stable)) is stale:
+                del self._offset_readers[(group_id, stable)]
 
     def topic_config(self, topic: str) -> dict[str, str]:
         with self._lock:

@@ -7,12 +7,15 @@ Exit codes: 0 done (or stopped by a signal), 1 a fatal runtime error,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
+import logging
 import os
 import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
+from typing import NoReturn
 
 import structlog
 from prometheus_client import CollectorRegistry, disable_created_metrics
@@ -34,6 +37,10 @@ EXIT_OK, EXIT_FATAL, EXIT_CONFIG, EXIT_POISON = 0, 1, 2, 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # A crash inside a C extension prints every thread's Python stack (a crash on one
+    # of librdkafka's own threads cannot: they block signals, the kernel kills at once).
+    with contextlib.suppress(ValueError, OSError):  # no real stderr (embedded, tests)
+        faulthandler.enable(all_threads=True)
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "backfill":
         from service.backfill import main as backfill_main  # Spark only when asked for
@@ -102,31 +109,36 @@ def _run(settings: Settings) -> int:
                   session_timeout_s=session_timeout_s(settings, cluster))
     _install_signal_handlers(stage)
     log.info("metrics.serving", port=server.port, paths=["/metrics", "/healthz", "/readyz"])
+    code = EXIT_OK
     try:
         stage.run()
     except PoisonRecordError as exc:
         health.fatal(str(exc))
         log.error("stage.failed", reason="poison_record", topic=exc.topic,
                   partition=exc.partition, offset=exc.offset, error=str(exc))
-        return _exit_now_if_stuck(stage, EXIT_POISON)
+        code = EXIT_POISON
     except Exception as exc:
         health.fatal(str(exc))
         log.exception("stage.failed", error=_describe(exc))
-        return _exit_now_if_stuck(stage, EXIT_FATAL)
+        code = EXIT_FATAL
     finally:
         server.close()
-    return _exit_now_if_stuck(stage, EXIT_OK)
+    _exit_now(stage, code)
 
 
-def _exit_now_if_stuck(stage: Stage, code: int) -> int:
-    """Everything that could be committed or closed was; a Kafka call still stuck in
-    a job thread must not hold the exit (the interpreter would join that thread)."""
+def _exit_now(stage: Stage, code: int) -> NoReturn:
+    """Leave the process at once: everything that could be committed or closed was.
+
+    A Kafka call still stuck in a job thread must not hold the exit (the interpreter
+    would join that thread), and librdkafka's own threads (the admin client's, a
+    stuck producer's) must not meet a finalizing interpreter: a replica was seen
+    exiting with SIGSEGV after ``stage.stopped`` in CI."""
     if stage.loop.jobs.busy:
         log.warning("stage.exit_with_work_running", exit_code=code)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _describe(exc: BaseException) -> str:

@@ -39,9 +39,13 @@ _MIN_CALL_S = 0.1
 
 
 def produce(producer: Producer, out: Produced,
-            on_delivery: Callable[[KafkaError | None, Message], None] | None = None) -> None:
-    """Queue one output; wait (serving callbacks) while the local queue is full."""
-    extra = {} if on_delivery is None else {"on_delivery": on_delivery}
+            on_delivery: Callable[[KafkaError | None, Message], None] | None = None, *,
+            partition: int | None = None) -> None:
+    """Queue one output (to ``partition`` if given, else where the partitioner puts
+    it); wait (serving callbacks) while the local queue is full."""
+    extra: dict[str, object] = {} if on_delivery is None else {"on_delivery": on_delivery}
+    if partition is not None:
+        extra["partition"] = partition
     while True:
         try:
             producer.produce(out.topic, out.value, out.key,
@@ -157,9 +161,14 @@ class PinnedProducer:
             self._producer.begin_transaction()
         self.in_transaction = True
 
-    def produce(self, out: Produced, offset: int) -> None:
-        """Queue one output of the input record at ``offset``."""
-        self.produce_all([out], offset)
+    def produce(self, out: Produced, offset: int, *, partition: int | None = None) -> None:
+        """Queue one output of the input record at ``offset`` (to ``partition`` if given,
+        else where the partitioner puts it)."""
+        if partition is None:
+            self.produce_all([out], offset)
+            return
+        with self._translated("produce", offset):
+            produce(self._producer, out, self.deliveries.for_record(offset), partition=partition)
 
     def produce_all(self, outputs: list[Produced], offset: int) -> None:
         """Queue one input record's outputs; a failed one's report names ``offset``

@@ -171,18 +171,15 @@ def _outcome(job: Run, state: JobState | None, summaries: Sequence[dict[str, int
 
 
 def _check_sink_topics(config: JobConfig, admin: AdminClient) -> None:
-    """A Kafka sink's output and dead-letter topics must exist; the progress topic, if it
-    exists, must have exactly one partition (every key lives in partition 0)."""
+    """A Kafka sink's output and dead-letter topics must exist. (The progress topic may
+    have any number of partitions: its records are all produced to, and read from,
+    partition 0.)"""
     if not config.kafka_sink:
         return
     problems = []
     for what, topic in (("output", config.output_topic), ("dead-letter", config.dlq_topic)):
         if topic and offsets.topic_partitions(admin, topic) is None:
             problems.append(f"{what} topic {topic!r} does not exist")
-    partitions = offsets.topic_partitions(admin, config.progress_topic)
-    if partitions is not None and len(partitions) != 1:
-        problems.append(f"progress topic {config.progress_topic!r} has {len(partitions)} "
-                        f"partitions; it must have exactly one (compacted)")
     if problems:
         raise ConfigError(*problems)
 
@@ -228,6 +225,7 @@ def _store_plan(config: JobConfig, plan: Plan) -> None:
     value = progress.encode_plan(plan, dict(config.definition), int(time.time() * 1000))
     with translated(Where("produce", topic=config.progress_topic)):
         producer.produce(config.progress_topic, value, progress.plan_key(config.job_id),
+                         partition=progress.PARTITION,
                          on_delivery=lambda err, _msg: failures.append(str(err)) if err else None)
         left = producer.flush(30)
     if left or failures:

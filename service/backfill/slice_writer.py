@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from service.backfill.plan import Slice
+from service.backfill.progress import PARTITION as PROGRESS_PARTITION
 from service.backfill.progress import SliceProgress, encode_progress, slice_key
 from service.errors import AbortableError, PoisonRecordError
 from service.processing import Produced, Result
@@ -215,7 +216,8 @@ class SliceWriter:
     def _produce_progress(self, progress: SliceProgress) -> None:
         key = slice_key(self.task.job_id, self.task.piece.index)
         record = Produced(self.task.progress_topic, key, encode_progress(progress), [])
-        self.producer.produce(record, max(self._pending.last_offset, progress.start))
+        self.producer.produce(record, max(self._pending.last_offset, progress.start),
+                              partition=PROGRESS_PARTITION)  # read back from there only
 
     def _check_order(self, record: Record, last: int) -> None:
         piece = self.task.piece

@@ -13,7 +13,7 @@ import time
 import structlog
 
 from service import transaction
-from service.errors import KafkaOperationError, RetriableError
+from service.errors import FencedError, KafkaOperationError, RetriableError
 from service.kafka_config import producer_config
 from service.logs import error_cb, librdkafka_logger
 from service.metrics import Metrics
@@ -136,6 +136,9 @@ class ExactlyOnce:
             except RetriableError as exc:  # it may have committed: never abort it
                 log.warning("transaction.commit_failed", transactional_id=tid, error=str(exc))
                 return
+            except FencedError as exc:  # a fenced producer cannot abort either
+                self._fenced_on_release(tid, txn, exc)
+                return
             except KafkaOperationError as exc:
                 log.warning("transaction.commit_failed", transactional_id=tid, error=str(exc))
             else:
@@ -148,11 +151,23 @@ class ExactlyOnce:
                 return
         try:
             producer.abort()
+        except FencedError as exc:
+            self._fenced_on_release(tid, txn, exc)
+            return
         except KafkaOperationError as exc:  # closing anyway: the next owner's init aborts it
             log.warning("transaction.abort_failed", transactional_id=tid, error=str(exc))
             return
         self._metrics.aborted.labels(reason=reason).inc()
         log.info("transaction.aborted", transactional_id=tid, reason=reason)
+
+    def _fenced_on_release(self, tid: str, txn: Txn | None, exc: FencedError) -> None:
+        """A fence found while giving a partition up counts like one found in flight
+        (a paused replica often learns of its successor this way): the successor's
+        init_transactions aborted what was open."""
+        self._metrics.producers_fenced.inc()
+        if txn is not None:
+            self._metrics.aborted.labels(reason="fenced").inc()
+        log.warning("producer.fenced", transactional_id=tid, on="release", error=str(exc))
 
     def detach(self, key: TopicPartitionKey) -> Job:
         """Take the partition's producer out now; the job closes it (run it once the

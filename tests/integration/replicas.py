@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from confluent_kafka import KafkaException, Producer
+from prometheus_client.parser import text_string_to_metric_families
 
 from service.verify import committed_offsets, end_offsets
 from tests.harness.kafka import free_ports
@@ -121,6 +122,23 @@ class Replica:
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def samples(replica: Replica) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics, parsed by Prometheus' own text parser ({} if unreachable)."""
+    parsed = {}
+    try:
+        text = replica.metrics()
+    except OSError:
+        return {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            parsed[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return parsed
+
+
+def value(replica: Replica, name: str, **labels: str) -> float:
+    return samples(replica).get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str,

@@ -121,6 +121,35 @@ def test_a_task_dying_mid_slice_is_retried_with_no_duplicate_and_nothing_lost(
     assert "inputs          1000 (" in printed
 
 
+def test_a_progress_topic_with_several_partitions_resumes_a_retried_slice_exactly_once(
+        new_topic: NewTopic, backfill: Backfill) -> None:
+    # Issue 12, defect 2: progress records went where the partitioner put them (by key
+    # hash) but were read back from partition 0 only. With a 4-partition progress topic
+    # a retried slice found no progress, restarted at its first offset and wrote its
+    # committed transactions a second time. (Before that, a progress topic with more
+    # than one partition was refused at start: a grown one was not.)
+    source, out = new_topic(partitions=4, prefix="in"), new_topic(partitions=2, prefix="out")
+    progress_topic = new_topic(partitions=4, config={"cleanup.policy": "compact"},
+                               prefix="progress")
+    produce_inputs(backfill.bootstrap, source, range(2000), 4)  # offsets 0..499 each
+
+    code, _printed, err = backfill(
+        "--source", f"kafka://{source}", "--sink", f"kafka://{out}", "--dlq-topic", "",
+        "--progress-topic", progress_topic,
+        "--transform", "tests.integration.backfill_faults:crash_on_first_attempt",
+        "--transaction-records", "100")
+    assert code == 0, err
+
+    expected = expected_outputs(read_topics(backfill.bootstrap, [source]), square,
+                                default_topic=out, dlq_topic=None)
+    wanted = [parity.Output(p.topic, p.key, p.value, tuple(p.headers)) for p in expected.values()]
+    report = parity.compare(wanted, list(parity.from_topics(backfill.bootstrap, [out])))
+    assert report.ok, report.problems()
+    assert report.actual == 2000
+    stored = read_uncommitted(backfill.bootstrap, progress_topic)
+    assert stored and {r.partition for r in stored} == {progress.PARTITION}
+
+
 def test_an_older_attempt_still_running_is_fenced_and_publishes_nothing(
         new_topic: NewTopic, backfill: Backfill) -> None:
     """A zombie (a speculative attempt, an executor cut off but alive): a newer attempt of

@@ -33,7 +33,8 @@ from tests.integration.conftest import (
     StageSetup,
     build_stage,
 )
-from tests.integration.replicas import Replica, wait_for
+from tests.integration.replicas import Replica, produce_inputs, wait_for
+from tests.integration.replicas import value as metric_value
 from tests.integration.transforms import square_unless_refused_on_some_partitions
 
 pytestmark = pytest.mark.kafka
@@ -375,3 +376,49 @@ def test_c_a_slow_abort_of_one_partition_stalls_no_other_partition(
     stopping = time.monotonic()
     assert replica.terminate() == 0
     print(f"stopped in {time.monotonic() - stopping:.1f} s")
+
+
+# --------------------------- (d) the stage itself sees a late EndTxn and lost Produces
+
+
+def test_d_the_stage_sees_delayed_end_txn_responses_and_dropped_produce_connections(
+        proxied_stage: StageSetup, proxied_kafka: ProxiedKafka) -> None:
+    # Tests (a) and (b) show the faults reach a bare client; this one shows they reach
+    # the stage: partition 0's commit waits for its held EndTxn response (the commit
+    # latency histogram counts it above 2.5 s), and partition 1's producer loses its
+    # connection in the middle of Produce (after the broker appended: the resend must be
+    # deduplicated), logs each loss and retries, and exactly-once holds.
+    stage, proxy = proxied_stage, proxied_kafka.proxy
+    delay, drops = 4.0, 3
+    slow_id = f"{stage.group_id}.{stage.input_topic}.0"
+    dropped_id = f"{stage.group_id}.{stage.input_topic}.1"
+    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.integration.transforms:slow_square",
+                            TEST_DELAY_MS="1")
+    wait_for(replica.ready, 60, "the replica to be ready", stage.logs)
+    held = proxy.delay_response(Api.END_TXN, delay, transactional_id=slow_id, count=1)
+    lost = proxy.drop_connection(Api.PRODUCE, on="response", transactional_id=dropped_id,
+                                 count=drops)
+    produce_inputs(stage.bootstrap, stage.input_topic, range(4_000), PARTITIONS)
+    stage.wait_committed(120)
+    # The broker acts on a held EndTxn at once (only its response waits): the offsets
+    # can be committed while the stage still waits for the answer.
+    wait_for(lambda: all(a.released_at is not None for a in proxy.applied_to(held)), 30,
+             "the held EndTxn response to be passed on", proxy.describe)
+
+    [applied_hold], applied_drops = proxy.applied_to(held), proxy.applied_to(lost)
+    assert applied_hold.delivered and (applied_hold.held_s or 0) >= delay - 0.1, \
+        proxy.describe()
+    assert len(applied_drops) == drops, proxy.describe()
+
+    def slow_commits() -> float:
+        return metric_value(replica, "txstage_transaction_commit_seconds_count") - \
+            metric_value(replica, "txstage_transaction_commit_seconds_bucket", le="2.5")
+    wait_for(lambda: slow_commits() >= 1, 10, "a commit above 2.5 s in the histogram",
+             replica.metrics)
+    disconnects = [line for line in replica.log_lines()
+                   if line.get("logger") == "txstage.librdkafka.producer"
+                   and "Disconnected" in str(line.get("event"))]
+    assert len(disconnects) >= drops, "the producer never logged its lost connections\n" \
+        + replica.log_tail(80)
+    stage.assert_exactly_once()
+    assert replica.terminate() == 0

@@ -12,28 +12,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness.reading import read_committed
 from tests.integration.conftest import PARTITIONS, StageSetup, long_transactions
-from tests.integration.replicas import Replica, produce_inputs, wait_for
+from tests.integration.replicas import Replica, produce_inputs, samples, value, wait_for
 
 pytestmark = pytest.mark.kafka
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def samples(replica: Replica) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of /metrics, parsed by Prometheus' own text parser ({} if unreachable)."""
-    parsed = {}
-    try:
-        text = replica.metrics()
-    except OSError:
-        return {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            parsed[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return parsed
-
-
-def value(replica: Replica, name: str, **labels: str) -> float:
-    return samples(replica).get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def test_counters_match_what_was_sent_and_read(stage: StageSetup) -> None:

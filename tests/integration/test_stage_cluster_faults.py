@@ -3,15 +3,20 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from service.deadletter import ERROR_CLASS
-from tests.harness.admin import partition_leaders
+from tests.harness.admin import create_topic, partition_leaders
 from tests.harness.reading import read_committed
 from tests.integration.conftest import PARTITIONS, StageSetup
-from tests.integration.replicas import produce_inputs, wait_for
+from tests.integration.replicas import produce_inputs, stage_tree, wait_for
 from tests.integration.transforms import square_unless_big, square_unless_refused
 
 pytestmark = pytest.mark.kafka
@@ -66,3 +71,54 @@ def test_a_record_whose_output_the_broker_always_refuses_is_found_and_dead_lette
     assert {letter.header(ERROR_CLASS) for letter in letters} == {b"OutputRefusedError"}
     assert replica.events("partition.isolating") and replica.events("record.output_refused")
     assert replica.terminate() == 0
+
+
+def _coordinator(bootstrap: str, group: str) -> int:
+    """The group's coordinator: the leader of its __consumer_offsets partition
+    (Java's String.hashCode of the group id, modulo the partition count)."""
+    leaders = partition_leaders(bootstrap, "__consumer_offsets")
+    code = 0
+    for char in group:
+        code = (31 * code + ord(char)) & 0xFFFFFFFF
+    code = code - (1 << 32) if code >= 1 << 31 else code
+    return leaders[abs(code) % len(leaders)]
+
+
+def test_committed_offset_lookups_survive_the_group_coordinator_moving(
+        cluster3: object, unique_name: object) -> None:
+    # The stage looks up where a partition resumes (the offset committed in Kafka)
+    # beside its loop. It asked the AdminClient (ListConsumerGroupOffsets), and
+    # librdkafka answers a NOT_COORDINATOR reply to that by poking the admin client's
+    # consumer group, which it has none of: SIGSEGV (librdkafka#5040). Chaos seed 13
+    # (a paused broker) killed both replicas so, and a leader-kill test saw it in CI.
+    # Four threads ask for a committed offset for 45 s while the coordinator is
+    # killed, restarted and paused; the asking process must live through it.
+    bootstrap = cluster3.bootstrap  # type: ignore[attr-defined]
+    topic = create_topic(bootstrap, unique_name("in"), partitions=1)  # type: ignore[operator]
+    group = unique_name("group")  # type: ignore[operator]
+    committer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    committer.commit(offsets=[TopicPartition(topic, 0, 7)], asynchronous=False)
+    committer.close()
+    tree = stage_tree()
+    hammer = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.offset_hammer", bootstrap, group, topic, "45"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    try:
+        for fault in ("kill", "pause", "kill"):
+            time.sleep(3)
+            node = _coordinator(bootstrap, group)
+            if fault == "kill":
+                cluster3.kill(node)  # type: ignore[attr-defined]
+                time.sleep(6)
+                cluster3.restart(node)  # type: ignore[attr-defined]
+            else:
+                cluster3.pause(node)  # type: ignore[attr-defined]
+                time.sleep(8)
+                cluster3.resume(node)  # type: ignore[attr-defined]
+        printed, _ = hammer.communicate(timeout=120)
+    finally:
+        hammer.kill()
+    assert hammer.returncode == 0, f"the asking process died ({hammer.returncode}):\n{printed}"
+    answers = int(printed.split("answers=")[1].split()[0])
+    assert answers > 100, printed

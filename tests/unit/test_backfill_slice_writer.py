@@ -59,8 +59,10 @@ class FakeProducer:
         self.in_transaction = True
         self.calls.append("begin")
 
-    def produce(self, out: Produced, offset: int) -> None:
+    def produce(self, out: Produced, offset: int, *, partition: int | None = None) -> None:
         assert self.in_transaction, "produce outside a transaction"
+        if out.topic == "progress":
+            assert partition == 0, "progress records must go to partition 0"
         self.open.append(out)
 
     def commit(self) -> None:
