@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
-from service.errors import KafkaOperationError
 from service.producer import PinnedProducer
 
 
@@ -29,17 +27,3 @@ def commit(producer: PinnedProducer, next_offset: int,
     """
     producer.send_offsets(next_offset, group_metadata())
     producer.commit()
-
-
-@contextmanager
-def naming_failed_output(producer: PinnedProducer) -> Iterator[None]:
-    """Add the first failed output the delivery reports named to a failed call's
-    error. The call's own error stays the one acted on: it carries librdkafka's
-    transaction flags, a delivery report does not."""
-    try:
-        yield
-    except KafkaOperationError as exc:
-        failed = producer.take_failures()
-        if failed:
-            exc.add_note(f"first failed output: {failed[0].name}: {failed[0].message}")
-        raise

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from service.backfill import (
     kafka_clients,
     offsets,
+    plan_store,
     progress,
     report,
     rows,
@@ -32,7 +33,7 @@ from service.backfill.plan import Plan, Slice, fingerprint, slice_ranges
 from service.backfill.progress import JobState
 from service.backfill.session import spark_session
 from service.backfill.specs import FileSource, KafkaSource, ParquetSink
-from service.errors import ConfigError, Where, translated
+from service.errors import ConfigError
 from service.transform import load_transform
 
 log = logging.getLogger("txstage.backfill")
@@ -138,7 +139,8 @@ def _gathered(*checks: Callable[[], Any]) -> list[Any]:
 
 def _session(config: JobConfig) -> AbstractContextManager[SparkSession]:
     return spark_session(f"txstage-backfill-{config.job_id}", master=config.flags.master,
-                         need_kafka=config.settings is not None, conf=config.flags.spark_conf)
+                         need_kafka=config.settings is not None, conf=config.flags.spark_conf,
+                         kafka_sink=config.kafka_sink)
 
 
 def _plan(config: JobConfig, slices: tuple[Slice, ...]) -> Plan:
@@ -186,18 +188,24 @@ def _check_sink_topics(config: JobConfig, admin: AdminClient) -> None:
 
 def _settle(config: JobConfig, admin: AdminClient | None, fresh: Plan, started: float) -> Run:
     """The plan to run: for a Kafka sink, the one stored under the job id if there is one
-    (so re-running resumes the same slices), else the fresh one, stored now."""
+    (so re-running resumes the same slices), else the fresh one, stored now (once, if
+    drivers race: see plan_store)."""
     if not config.kafka_sink:
         return Run(config, fresh, None, started)
     assert admin is not None, "a Kafka sink has an admin client"
     settings, topic = config.kafka(), config.progress_topic
-    exists = offsets.topic_partitions(admin, topic) is not None
-    state = kafka_clients.read_job(settings, topic, config.job_id) if exists else JobState()
-    if state.plan is None:
-        if not config.flags.dry_run:
-            progress.ensure_topic(admin, topic)
-            _store_plan(config, fresh)
-        return Run(config, fresh, state, started)
+    if config.flags.dry_run:  # stores nothing
+        exists = offsets.topic_partitions(admin, topic) is not None
+        state = kafka_clients.read_job(settings, topic, config.job_id) if exists else JobState()
+        if state.plan is None:
+            return Run(config, fresh, state, started)
+    else:
+        progress.ensure_topic(admin, topic)
+        state, stored = plan_store.settle(settings, topic, config.id_prefix, fresh,
+                                          config.definition)
+        if stored:
+            return Run(config, fresh, state, started)
+    assert state.plan is not None
     _check_same_job(config, state, fresh)
     return Run(config, state.plan, state, started)
 
@@ -217,20 +225,6 @@ def _check_same_job(config: JobConfig, state: JobState, fresh: Plan) -> None:
     if state.plan.slices != fresh.slices:
         log.info("job %s keeps the range it planned on its first run; the topic has changed "
                  "since (use a new --job-id to include new records)", config.job_id)
-
-
-def _store_plan(config: JobConfig, plan: Plan) -> None:
-    producer = kafka_clients.idempotent_producer(config.kafka())
-    failures: list[str] = []
-    value = progress.encode_plan(plan, dict(config.definition), int(time.time() * 1000))
-    with translated(Where("produce", topic=config.progress_topic)):
-        producer.produce(config.progress_topic, value, progress.plan_key(config.job_id),
-                         partition=progress.PARTITION,
-                         on_delivery=lambda err, _msg: failures.append(str(err)) if err else None)
-        left = producer.flush(30)
-    if left or failures:
-        raise RuntimeError(f"could not store the plan of job {config.job_id} in "
-                           f"{config.progress_topic}: {failures or 'delivery timed out'}")
 
 
 # -- running -----------------------------------------------------------------------------

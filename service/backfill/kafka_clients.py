@@ -5,21 +5,17 @@ Nothing connects until used: constructors do no network I/O.
 
 from __future__ import annotations
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from service.backfill import progress
 from service.backfill.progress import JobState
-from service.kafka_config import admin_config, consumer_config, producer_config
+from service.kafka_config import admin_config, consumer_config
 from service.settings import Settings
 
 
 def admin(settings: Settings) -> AdminClient:
     return AdminClient(admin_config(settings))
-
-
-def idempotent_producer(settings: Settings) -> Producer:
-    return Producer(producer_config(settings, None))
 
 
 def progress_consumer(settings: Settings) -> Consumer:

@@ -26,8 +26,10 @@ KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 
 @contextlib.contextmanager
 def spark_session(app_name: str, *, master: str | None, need_kafka: bool,
-                  conf: Mapping[str, str] | None = None) -> Iterator[SparkSession]:
-    """Yield a session; stop it afterwards only if this call started it."""
+                  conf: Mapping[str, str] | None = None,
+                  kafka_sink: bool = False) -> Iterator[SparkSession]:
+    """Yield a session; stop it afterwards only if this call started it. A Kafka sink
+    refuses a session that speculates (see check_no_speculation)."""
     active = SparkSession.getActiveSession()
     # spark-submit (and the pyspark shell) start the JVM first and say where it listens;
     # then its master and configuration are the operator's, and --master is ignored.
@@ -36,12 +38,16 @@ def spark_session(app_name: str, *, master: str | None, need_kafka: bool,
         session = active or SparkSession.builder.appName(app_name).getOrCreate()
         if need_kafka:
             check_kafka_connector(session)
+        if kafka_sink:
+            check_no_speculation(session)
         _describe(session)
         yield session
         return
     session = _start(app_name, master or DEFAULT_MASTER, need_kafka, conf or {})
     _describe(session)
     try:
+        if kafka_sink:
+            check_no_speculation(session)
         yield session
     finally:
         session.stop()
@@ -80,3 +86,22 @@ def check_kafka_connector(session: SparkSession) -> None:
             "Spark's Kafka connector is not on the classpath: pass "
             "--jars \"$(python -m service.backfill jars)\" to spark-submit"
         ) from exc
+
+
+def check_no_speculation(session: SparkSession) -> None:
+    """ConfigError when Spark may run a speculative copy of a task (a Kafka sink only).
+
+    Each slice writes under one transactional id, so a speculative copy's
+    init_transactions fences the attempt still running: that attempt fails, Spark
+    counts the failure toward ``spark.task.maxFailures`` and may start another attempt,
+    which fences the copy in turn. A slow slice could so fail the whole job while
+    every attempt was healthy. Retries after real failures stay as they are (a retry
+    fences a dead or stuck attempt: that is the point). Parquet sinks may speculate:
+    Spark's commit protocol keeps one attempt's output."""
+    value = session.sparkContext.getConf().get("spark.speculation", "false") or "false"
+    if value.strip().lower() == "true":
+        raise ConfigError(
+            "spark.speculation=true: a speculative copy of a slice's task would fence the "
+            "attempt still running (one transactional id per slice), fail it and count "
+            "toward spark.task.maxFailures; run Kafka-sink backfills with "
+            "--conf spark.speculation=false")

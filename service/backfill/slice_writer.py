@@ -13,8 +13,10 @@ A slice attempt (a Spark task attempt, or a retry of it) runs these steps in ord
 5. At the end of the input: a last commit that marks the slice done.
 
 Errors follow the stream's rules (service.errors): retriable → retry the same call;
-abortable → abort and replay the transaction's inputs from memory (their outputs are
-kept, the transform is not called twice); fenced → a newer attempt owns the slice: stop
+abortable → abort and commit the transaction's inputs again from memory (their outputs
+are kept, the transform is not called twice), dead-lettering a record whose outputs the
+broker refuses (found as the stream finds it: see _write_group); fenced → a newer
+attempt owns the slice: stop
 writing and fail; fatal → fail. A poison record with no dead-letter topic commits what
 came before it and fails, so a re-run after fixing the transform resumes at that record.
 """
@@ -29,11 +31,11 @@ from dataclasses import dataclass, field
 from service.backfill.plan import Slice
 from service.backfill.progress import PARTITION as PROGRESS_PARTITION
 from service.backfill.progress import SliceProgress, encode_progress, slice_key
-from service.errors import AbortableError, PoisonRecordError
-from service.processing import Produced, Result
+from service.delivery import REFUSALS, Failure
+from service.errors import AbortableError, KafkaOperationError, PoisonRecordError
+from service.processing import OutputRefusedError, Produced, Result, refused
 from service.producer import PinnedProducer
 from service.records import Record
-from service.transaction import naming_failed_output
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +85,13 @@ class _Pending:
 class SliceWriter:
     def __init__(self, task: SliceTask, producer: PinnedProducer,
                  read_progress: Callable[[], SliceProgress | None], process: Process,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 dlq_topic: str | None = None) -> None:
         self.task, self.producer, self.process, self.clock = task, producer, process, clock
+        self.dlq_topic = dlq_topic
         self._read_progress = read_progress
         self._pending = _Pending()
+        self._failed: tuple[Failure, ...] = ()  # what the last failed commit's reports said
         self.outcome = SliceOutcome(SliceProgress.initial(task.piece))
 
     def run(self, records: Iterable[Record]) -> SliceOutcome:
@@ -145,28 +150,30 @@ class SliceWriter:
         try:
             self._produce_all(result.outputs, record.offset)
         except AbortableError as exc:
-            self._replay(exc)  # re-produces every pending result, this one included
+            self._recover(exc)  # commits every pending result, this one included
 
     def _due(self) -> bool:
         pending = self._pending
         return (len(pending.results) >= self.task.transaction_records
                 or (self.clock() - pending.started) * 1000 >= self.task.transaction_ms)
 
-    def _commit(self, *, done: bool) -> None:
-        """Produce the progress record and commit it with the outputs; replay on abort."""
+    def _commit(self, *, done: bool, attempt: int = 0) -> None:
+        """Produce the progress record and commit it with the outputs; on an abort,
+        commit the same inputs again (see _recover)."""
         if not self._pending.open and (self.outcome.progress.done or not done):
             return
         self._maybe_begin()
         progress = self._next_progress(done)
-        for attempt in range(MAX_REPLAYS + 1):
-            try:
-                self._produce_progress(progress)
-                self._commit_transaction()
-                break
-            except AbortableError as exc:
-                if attempt == MAX_REPLAYS:
-                    raise
-                self._replay(exc)
+        try:
+            self._produce_progress(progress)
+            self._commit_transaction()
+        except AbortableError as exc:
+            if attempt >= MAX_REPLAYS:
+                raise
+            self._recover(exc)  # the inputs are committed now, not yet "done"
+            if done:  # an empty transaction that marks the slice done
+                self._commit(done=True, attempt=attempt + 1)
+            return
         self._account(progress)
 
     def _next_progress(self, done: bool) -> SliceProgress:
@@ -175,15 +182,93 @@ class SliceWriter:
         return self.outcome.progress.advanced(next_offset, len(pending.results),
                                               pending.outputs, pending.dead_lettered, done)
 
-    def _replay(self, cause: AbortableError) -> None:
-        log.warning("slice %d: transaction aborted, replaying %d inputs: %s",
-                    self.task.piece.index, len(self._pending.results), cause)
+    def _recover(self, cause: AbortableError) -> None:
+        """Abort the open transaction, then commit its inputs again from their results
+        (the transform is not called twice), finding any record whose outputs the
+        broker refuses and dead-lettering it, as the stream does."""
+        failures = self._failures_of(cause)
+        results = self._pending.results
+        self._abort(cause, len(results))
+        self._write_group(results, failures, cause)
+
+    def _write_group(self, results: list[tuple[Record, Result]], failures: tuple[Failure, ...],
+                     cause: AbortableError | None) -> None:
+        """Commit ``results`` in one transaction, replaying it after an abort.
+
+        Refusals (service.delivery.REFUSALS: the broker will never take that output)
+        are isolated like the stream's: a refusal that names one record of the group
+        (or a group of one) makes that record's dead letter replace its outputs; one
+        that cannot tell (the broker refused a whole batch) splits the group in two
+        halves, each committed on its own. Anything else is replayed, at most
+        MAX_REPLAYS times in a row."""
+        replays = 0 if cause is None else 1
+        while results:
+            refusals = [f for f in failures if f.refusal]
+            if refusals:
+                culprit = _culprit(refusals, results)
+                if culprit is None:
+                    half = len(results) // 2
+                    log.warning("slice %d: the broker refused outputs of offsets %d..%d and the "
+                                "reports cannot tell whose: committing them in halves",
+                                self.task.piece.index, results[0][0].offset,
+                                results[-1][0].offset)
+                    self._write_group(results[:half], (), None)
+                    self._write_group(results[half:], (), None)
+                    return
+                results = self._dead_lettered(results, culprit, refusals[0])
+                failures, replays = (), 0
+            elif cause is not None and replays > MAX_REPLAYS:
+                raise cause
+            self._pending = _pending_of(results, self.clock())
+            try:
+                self._maybe_begin()
+                for record, result in results:
+                    self._produce_all(result.outputs, record.offset)
+                progress = self._next_progress(False)
+                self._produce_progress(progress)
+                self._commit_transaction()
+            except AbortableError as exc:
+                failures, cause = self._failures_of(exc), exc
+                self._abort(exc, len(results))
+                replays += 1
+                continue
+            self._account(progress)
+            return
+
+    def _dead_lettered(self, results: list[tuple[Record, Result]], offset: int,
+                       refusal: Failure) -> list[tuple[Record, Result]]:
+        """``results`` with the record at ``offset`` dead-lettered (the stream's
+        service.processing.refused). Without a dead-letter topic the records before it
+        are committed first, then PoisonRecordError names it."""
+        index = next(i for i, (record, _) in enumerate(results) if record.offset == offset)
+        record, result = results[index]
+        cause = f"{refusal.name}: {refusal.message}"
+        log.warning("slice %d: the broker refused the outputs of offset %d, dead-lettering "
+                    "it: %s", self.task.piece.index, offset, cause)
+        # A dead letter refused in turn leaves nowhere to write the record: poison.
+        dlq = None if isinstance(result.error, OutputRefusedError) else self.dlq_topic
+        try:
+            letter = refused(record, OutputRefusedError(cause), dlq)
+        except PoisonRecordError:
+            self._write_group(results[:index], (), None)
+            raise
+        return [*results[:index], (record, letter), *results[index + 1:]]
+
+    def _abort(self, cause: AbortableError, inputs: int) -> None:
+        log.warning("slice %d: transaction aborted (%d inputs): %s",
+                    self.task.piece.index, inputs, cause)
         self.producer.abort()
         self.outcome.aborts += 1
-        self._pending.open = False
-        self._maybe_begin()
-        for record, result in self._pending.results:
-            self._produce_all(result.outputs, record.offset)
+        self._pending = _Pending()
+
+    def _failures_of(self, error: AbortableError) -> tuple[Failure, ...]:
+        """What the delivery reports said about the failed transaction (the commit's
+        own error too, when it is itself a refusal)."""
+        failures = self._failed + self.producer.take_failures()
+        self._failed = ()
+        if error.code in REFUSALS:
+            failures += (Failure(error.code, error.error.name(), error.error.str(), None),)
+        return failures
 
     def _account(self, progress: SliceProgress) -> None:
         pending, outcome = self._pending, self.outcome
@@ -209,9 +294,16 @@ class SliceWriter:
 
     def _commit_transaction(self) -> None:
         """commit_transaction (the producer retries it while retriable); a failure names
-        the first output whose delivery failed, as the stream's commit does."""
-        with naming_failed_output(self.producer):
+        the first output whose delivery failed, as the stream's commit does, and the
+        reports are kept for _failures_of."""
+        try:
             self.producer.commit()
+        except KafkaOperationError as exc:
+            self._failed = self.producer.take_failures()
+            if self._failed:
+                exc.add_note(f"first failed output: {self._failed[0].name}: "
+                             f"{self._failed[0].message}")
+            raise
 
     def _produce_progress(self, progress: SliceProgress) -> None:
         key = slice_key(self.task.job_id, self.task.piece.index)
@@ -234,3 +326,22 @@ class SliceWriter:
         if progress.next_offset > piece.start:
             log.info("slice %d: resuming at offset %d (%d inputs already committed)",
                      piece.index, progress.next_offset, progress.records_in)
+
+
+def _pending_of(results: list[tuple[Record, Result]], now: float) -> _Pending:
+    """A transaction (not begun yet) holding ``results``."""
+    return _Pending(list(results), sum(len(r.outputs) for _, r in results),
+                    sum(1 for _, r in results if r.dead_lettered),
+                    results[-1][0].offset if results else -1, now)
+
+
+def _culprit(refusals: list[Failure], results: list[tuple[Record, Result]]) -> int | None:
+    """The one input offset the refusals name inside ``results`` (the stream's rule:
+    service.stage.state._culprits), or the only record of a group of one."""
+    offsets = {record.offset for record, _ in results}
+    named = {f.offset for f in refusals if f.offset is not None and f.offset in offsets}
+    if len(named) == 1:
+        return named.pop()
+    if len(results) == 1:
+        return results[0][0].offset
+    return None

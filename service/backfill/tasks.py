@@ -143,7 +143,8 @@ def slice_writer(job: KafkaSinkJob, index: int) -> SliceWriter:
         state = kafka_clients.read_job(settings, job.progress_topic, job.job_id)
         return state.slices.get(index)
 
-    return SliceWriter(task, producer, committed, processor(job.processing))
+    return SliceWriter(task, producer, committed, processor(job.processing),
+                       dlq_topic=job.processing.dlq_topic)
 
 
 def write_slice(job: KafkaSinkJob, index: int, records: Iterable[Record]) -> SliceOutcome:

@@ -31,3 +31,15 @@ def crash_on_first_attempt(record: Record) -> Iterator[Output]:
         time.sleep(1.0)
         os._exit(17)
     yield from square(record)
+
+
+REFUSING_TOPIC = "txstage-test-compacted"  # compacted: the broker refuses keyless records
+
+
+def keyless_to_compacted_at_42(record: Record) -> Iterator[Output]:
+    """Square; every record at an offset ending in 42 also writes a keyless record to
+    the compacted REFUSING_TOPIC, on every attempt: the broker always refuses it, and
+    the stream and the backfill must both dead-letter that record (nothing else)."""
+    yield from square(record)
+    if record.offset % 100 == 42:
+        yield Output(value=b"no key", key=None, topic=REFUSING_TOPIC)

@@ -7,23 +7,30 @@ transform makes of the input read back read_committed.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
 
 from service import Record
-from service.backfill import config, kafka_clients, parity, progress, tasks
+from service.backfill import config, jars, kafka_clients, parity, progress, tasks
 from service.backfill.plan import Slice
 from service.backfill.specs import parse_sink, parse_source
+from service.deadletter import ERROR_CLASS
 from service.errors import FencedError
 from service.examples.square import square
 from service.settings import environment
 from service.verify import expected_outputs, read_topics
-from tests.harness.reading import end_offsets, read_uncommitted
-from tests.integration.backfill_faults import CRASH_AT
+from tests.harness.admin import create_topic, partition_leaders
+from tests.harness.reading import end_offsets, read_committed, read_uncommitted
+from tests.integration.backfill_faults import CRASH_AT, REFUSING_TOPIC
 from tests.integration.conftest import PARTITIONS, StageSetup
 from tests.integration.conftest_spark import (  # noqa: F401  (fixtures)
+    REPO_ROOT,
     Backfill,
     backfill_fixture,
     spark_fixture,
@@ -96,6 +103,31 @@ def test_backfill_equals_the_stream_record_for_record_and_reruns_write_nothing(
     assert code == 0 and "10 expected outputs, 10 actual" in printed
 
 
+def test_a_record_whose_output_the_broker_refuses_is_dead_lettered_as_the_stream_does(
+        stage: StageSetup, new_topic: NewTopic, backfill: Backfill) -> None:
+    # Issue 12, defect 1: the old backfill replayed the slice's transaction 3 times,
+    # failed the task, Spark retried it the same way and the job failed, where the
+    # stream dead-letters the one record whose output the broker refuses.
+    if not partition_leaders(stage.bootstrap, REFUSING_TOPIC):  # a constant: Spark's workers
+        create_topic(stage.bootstrap, REFUSING_TOPIC, config={"cleanup.policy": "compact"})
+    produce_inputs(stage.bootstrap, stage.input_topic, range(1600), PARTITIONS)
+    transform = "tests.integration.backfill_faults:keyless_to_compacted_at_42"
+    run_stream(stage, transform)
+    out, dlq = new_topic(partitions=4, prefix="bf-out"), new_topic(partitions=1, prefix="bf-dlq")
+    code, printed, err = backfill("--source", f"kafka://{stage.input_topic}",
+                                  "--sink", f"kafka://{out}", "--dlq-topic", dlq,
+                                  "--transform", transform, "--transaction-records", "100")
+    assert code == 0, err
+    report = compare_with_stream(stage, out, dlq)
+    assert report.ok, report.problems()
+    assert report.expected == report.actual == 1600
+    letters = read_committed(stage.bootstrap, dlq)
+    assert sorted(int(letter.header("txstage.error.offset") or b"-1") for letter in letters) \
+        == sorted([42, 142] * PARTITIONS)
+    assert {letter.header(ERROR_CLASS) for letter in letters} == {b"OutputRefusedError"}
+    assert "dead-lettered   16" in printed
+
+
 def test_a_task_dying_mid_slice_is_retried_with_no_duplicate_and_nothing_lost(
         new_topic: NewTopic, backfill: Backfill) -> None:
     source, out = new_topic(partitions=2, prefix="in"), new_topic(partitions=2, prefix="out")
@@ -148,6 +180,31 @@ def test_a_progress_topic_with_several_partitions_resumes_a_retried_slice_exactl
     assert report.actual == 2000
     stored = read_uncommitted(backfill.bootstrap, progress_topic)
     assert stored and {r.partition for r in stored} == {progress.PARTITION}
+
+
+def test_a_kafka_sink_refuses_a_spark_that_speculates(new_topic: NewTopic,
+                                                     backfill: Backfill) -> None:
+    # Issue 12, defect 5: a speculative copy of a slice's task fences the attempt still
+    # running (one transactional id per slice); the fenced attempt fails and counts
+    # toward spark.task.maxFailures, so a merely slow slice could fail the job. The
+    # backfill now refuses speculation for a Kafka sink (exit 2, naming the setting)
+    # before anything is written; the old one ran. spark-submit: the session's own
+    # configuration, as on a cluster.
+    source, out = new_topic(partitions=1, prefix="in"), new_topic(partitions=1, prefix="out")
+    produce_inputs(backfill.bootstrap, source, range(10), 1)
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[2]",
+         "--conf", "spark.ui.enabled=false", "--conf", "spark.speculation=true",
+         "--jars", jars.classpath(jars.ensure_jars()), "service/backfill/__main__.py",
+         "--source", f"kafka://{source}", "--sink", f"kafka://{out}", "--dlq-topic", "",
+         "--progress-interval", "0"],
+        cwd=REPO_ROOT, env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        capture_output=True, text=True, timeout=300, check=False)
+    printed = (result.stdout + result.stderr).splitlines()  # spark-submit mixes them
+    errors = [line for line in printed if line.startswith("txstage backfill: error: ")]
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert any("spark.speculation=true" in line for line in errors), errors
+    assert end_offsets(backfill.bootstrap, out, isolation="read_uncommitted") == {0: 0}
 
 
 def test_an_older_attempt_still_running_is_fenced_and_publishes_nothing(

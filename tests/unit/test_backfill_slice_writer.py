@@ -16,7 +16,7 @@ from service import Output, Record
 from service.backfill.plan import Slice
 from service.backfill.progress import SliceProgress
 from service.backfill.slice_writer import InputOrderError, SliceTask, SliceWriter
-from service.delivery import DeliveryFailures
+from service.delivery import DeliveryFailures, Failure
 from service.errors import AbortableError, FencedError, PoisonRecordError, Where
 from service.examples.square import square
 from service.processing import Produced, process
@@ -47,12 +47,19 @@ class FakeProducer:
         self.calls: list[str] = []
         self.fail_commit: list[Exception] = []  # raised by the next commits, in order
         self.in_transaction = False
+        # Input offsets whose outputs the "broker" refuses (INVALID_RECORD) at commit;
+        # whole_batch: every output of the transaction is reported, as when the broker
+        # refuses a batch, so the reports cannot tell which record it was.
+        self.refuse: set[int] = set()
+        self.whole_batch = False
+        self.reports: list[Failure] = []
 
     def init(self) -> None:
         self.calls.append("init")
 
     def take_failures(self) -> tuple[object, ...]:
-        return self.deliveries.take()
+        reports, self.reports = tuple(self.reports), []
+        return self.deliveries.take() + reports
 
     def begin(self) -> None:
         assert not self.in_transaction, "begin inside a transaction"
@@ -69,6 +76,12 @@ class FakeProducer:
         self.calls.append("commit")
         if self.fail_commit:
             raise self.fail_commit.pop(0)
+        offsets = [source_of(o) for o in self.open if o.topic == "out"]
+        if self.refuse.intersection(offsets):
+            named = offsets if self.whole_batch else sorted(self.refuse.intersection(offsets))
+            self.reports += [Failure(KafkaError.INVALID_RECORD, "INVALID_RECORD", "refused", o)
+                             for o in named]
+            raise abortable()
         self.committed += self.open
         self.open, self.in_transaction = [], False
 
@@ -95,13 +108,18 @@ def run(producer: FakeProducer, inputs: Iterator[Record], committed: SliceProgre
         return process(square, record, default_topic="out", dlq_topic=dlq,
                        max_bytes=lambda _: 1 << 20)
 
-    writer = SliceWriter(TASK, producer, lambda: committed, processing)  # type: ignore[arg-type]
+    writer = SliceWriter(TASK, producer, lambda: committed, processing,  # type: ignore[arg-type]
+                         dlq_topic=dlq)
     writer.run(inputs)
     return writer
 
 
+def source_of(output: Produced) -> int:
+    return int(dict(output.headers)["txstage.src"].split(b"/")[-1])
+
+
 def sources(outputs: list[Produced]) -> list[int]:
-    return [int(dict(o.headers)["txstage.src"].split(b"/")[-1]) for o in outputs]
+    return [source_of(o) for o in outputs]
 
 
 def test_fresh_slice_commits_outputs_with_progress_every_n_inputs() -> None:
@@ -193,3 +211,32 @@ def test_inputs_out_of_order_or_outside_the_slice_fail(offsets: list[int]) -> No
 def test_progress_of_another_plan_is_refused() -> None:
     with pytest.raises(InputOrderError, match="the plan changed"):
         run(FakeProducer(), records(100, 101), SliceProgress(3, 100, 150, 120))
+
+
+@pytest.mark.parametrize("whole_batch", [False, True])
+def test_a_record_whose_outputs_the_broker_refuses_is_dead_lettered_the_rest_committed(
+        whole_batch: bool) -> None:
+    # Issue 12, defect 1: the old writer replayed the transaction 3 times and failed the
+    # task (and Spark the job) where the stream dead-letters that one record.
+    producer = FakeProducer()
+    producer.refuse, producer.whole_batch = {104, 117}, whole_batch
+    writer = run(producer, records(100, 125))
+    assert sources([o for o in producer.committed if o.topic == "out"]) == \
+        [o for o in range(100, 125) if o not in (104, 117)]
+    letters = [o for o in producer.committed if o.topic == "dlq"]
+    assert sources(letters) == [104, 117]
+    assert {dict(o.headers).get("txstage.error.class") for o in letters} == \
+        {b"OutputRefusedError"}
+    last = producer.progress()[-1]
+    assert last["done"] is True and last["records_in"] == 25 and last["dead_lettered"] == 2
+    assert writer.outcome.aborts >= 2
+
+
+def test_a_refused_record_without_dlq_commits_what_came_before_then_fails() -> None:
+    producer = FakeProducer()
+    producer.refuse, producer.whole_batch = {104}, True
+    with pytest.raises(PoisonRecordError) as raised:
+        run(producer, records(100, 125), dlq=None)
+    assert raised.value.offset == 104
+    assert sources(producer.outputs()) == [100, 101, 102, 103]
+    assert producer.progress()[-1]["next_offset"] == 104
