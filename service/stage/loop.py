@@ -343,6 +343,8 @@ class Loop:
     def _seek(self, partition: Partition, offset: int) -> None:
         target = offset if offset >= 0 else self._no_offset
         partition.position = max(offset, 0)
+        log.debug("partition.positioned", topic=partition.topic, partition=partition.partition,
+                  committed_offset=offset)
         try:
             self.consumer.seek(TopicPartition(partition.topic, partition.partition, target))
         except KafkaException as exc:
@@ -400,6 +402,10 @@ class Loop:
                 self.metrics.committed.inc()
                 self.metrics.records_per_transaction.observe(txn.records)
                 self.metrics.last_commit.set_to_current_time()
+                # The commit trail (debug: one line per transaction) for tracing a
+                # partition's committed offsets after the fact, as a soak needs.
+                log.debug("transaction.committed", **where, first_offset=txn.first,
+                          next_offset=txn.next, records=txn.records)
             case sm.Aborted("poison", _, attempt, cause):
                 self.metrics.aborted.labels(reason="poison").inc()
                 log.error("record.poison", **where, attempt=attempt,
