@@ -33,24 +33,21 @@ def spark_session(app_name: str, *, master: str | None, need_kafka: bool,
     active = SparkSession.getActiveSession()
     # spark-submit (and the pyspark shell) start the JVM first and say where it listens;
     # then its master and configuration are the operator's, and --master is ignored.
-    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
-    if active is not None or submitted:
+    started = active is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+    if started:
+        session = _start(app_name, master or DEFAULT_MASTER, need_kafka, conf or {})
+    else:
         session = active or SparkSession.builder.appName(app_name).getOrCreate()
         if need_kafka:
-            check_kafka_connector(session)
+            check_kafka_connector(session)  # ours always has it (jars.py)
+    try:
         if kafka_sink:
             check_no_speculation(session)
         _describe(session)
         yield session
-        return
-    session = _start(app_name, master or DEFAULT_MASTER, need_kafka, conf or {})
-    _describe(session)
-    try:
-        if kafka_sink:
-            check_no_speculation(session)
-        yield session
     finally:
-        session.stop()
+        if started:
+            session.stop()
 
 
 def _describe(session: SparkSession) -> None:
