@@ -43,3 +43,20 @@ def keyless_to_compacted_at_42(record: Record) -> Iterator[Output]:
     yield from square(record)
     if record.offset % 100 == 42:
         yield Output(value=b"no key", key=None, topic=REFUSING_TOPIC)
+
+
+DIES_AT = 150  # past the refusal at 42 (committed) and before the one at 142 is found
+
+
+def keyless_at_42_dying_at_150(record: Record) -> Iterator[Output]:
+    """keyless_to_compacted_at_42, taking 2 ms a record, whose first attempt of every
+    Spark task dies at offset DIES_AT mid-transaction (after a second, so the open
+    transaction's outputs are on the broker): the retry must resume after the first
+    refusal's committed dead letter, then isolate the second refusal itself. Expected
+    output: keyless_to_compacted_at_42's."""
+    time.sleep(0.002)
+    context = TaskContext.get()
+    if record.offset == DIES_AT and context is not None and context.attemptNumber() == 0:
+        time.sleep(1.0)
+        os._exit(17)
+    yield from keyless_to_compacted_at_42(record)

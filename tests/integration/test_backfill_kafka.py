@@ -27,7 +27,7 @@ from service.settings import environment
 from service.verify import expected_outputs, read_topics
 from tests.harness.admin import create_topic, partition_leaders
 from tests.harness.reading import end_offsets, read_committed, read_uncommitted
-from tests.integration.backfill_faults import CRASH_AT, REFUSING_TOPIC
+from tests.integration.backfill_faults import CRASH_AT, DIES_AT, REFUSING_TOPIC
 from tests.integration.conftest import PARTITIONS, StageSetup
 from tests.integration.conftest_spark import (  # noqa: F401  (fixtures)
     REPO_ROOT,
@@ -103,8 +103,13 @@ def test_backfill_equals_the_stream_record_for_record_and_reruns_write_nothing(
     assert code == 0 and "10 expected outputs, 10 actual" in printed
 
 
+@pytest.mark.parametrize("backfill_transform", [
+    "keyless_to_compacted_at_42",
+    "keyless_at_42_dying_at_150",  # and the task's first attempt dies between the refusals
+])
 def test_a_record_whose_output_the_broker_refuses_is_dead_lettered_as_the_stream_does(
-        stage: StageSetup, new_topic: NewTopic, backfill: Backfill) -> None:
+        backfill_transform: str, stage: StageSetup, new_topic: NewTopic,
+        backfill: Backfill) -> None:
     # Issue 12, defect 1: the old backfill replayed the slice's transaction 3 times,
     # failed the task, Spark retried it the same way and the job failed, where the
     # stream dead-letters the one record whose output the broker refuses.
@@ -114,9 +119,10 @@ def test_a_record_whose_output_the_broker_refuses_is_dead_lettered_as_the_stream
     transform = "tests.integration.backfill_faults:keyless_to_compacted_at_42"
     run_stream(stage, transform)
     out, dlq = new_topic(partitions=4, prefix="bf-out"), new_topic(partitions=1, prefix="bf-dlq")
-    code, printed, err = backfill("--source", f"kafka://{stage.input_topic}",
-                                  "--sink", f"kafka://{out}", "--dlq-topic", dlq,
-                                  "--transform", transform, "--transaction-records", "100")
+    code, printed, err = backfill(
+        "--source", f"kafka://{stage.input_topic}", "--sink", f"kafka://{out}",
+        "--dlq-topic", dlq, "--transaction-records", "100",
+        "--transform", f"tests.integration.backfill_faults:{backfill_transform}")
     assert code == 0, err
     report = compare_with_stream(stage, out, dlq)
     assert report.ok, report.problems()
@@ -126,6 +132,10 @@ def test_a_record_whose_output_the_broker_refuses_is_dead_lettered_as_the_stream
         == sorted([42, 142] * PARTITIONS)
     assert {letter.header(ERROR_CLASS) for letter in letters} == {b"OutputRefusedError"}
     assert "dead-lettered   16" in printed
+    if backfill_transform == "keyless_at_42_dying_at_150":  # the deaths really happened:
+        # each dead attempt left offsets 100..DIES_AT of its slice in the log, aborted
+        written = len(read_uncommitted(stage.bootstrap, out))
+        assert written >= 1600 - 16 + PARTITIONS * (DIES_AT - 100), written
 
 
 def test_a_task_dying_mid_slice_is_retried_with_no_duplicate_and_nothing_lost(

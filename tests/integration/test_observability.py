@@ -97,6 +97,27 @@ def test_fence_moves_the_fenced_reason(stage: StageSetup) -> None:
     assert heir.terminate() == 0
 
 
+def test_a_fence_found_while_releasing_the_partitions_is_counted(stage: StageSetup) -> None:
+    # The zombie has processed everything into transactions it never commits by itself
+    # (a 90 s commit interval) when it is paused; its successor takes over. After
+    # SIGCONT the zombie learns of it only when it gives its partitions up (lost: abort,
+    # which the successor's init_transactions fenced). That fence was not counted.
+    produce_inputs(stage.bootstrap, stage.input_topic, range(400), PARTITIONS)
+    zombie = stage.replica("zombie", **long_transactions(delay_ms=1, commit_interval_ms=90_000),
+                           TXSTAGE_TRANSACTION_TIMEOUT_MS="900000")
+    wait_for(lambda: value(zombie, "txstage_records_consumed_total") >= 400, 30,
+             "the zombie to process every input", stage.logs)
+    zombie.signal(signal.SIGSTOP)
+    heir = stage.replica("heir")
+    stage.wait_committed(60)
+    zombie.signal(signal.SIGCONT)
+    wait_for(lambda: value(zombie, "txstage_producers_fenced_total") > 0, 30,
+             "the zombie to count its fence", stage.diagnose)
+    assert value(zombie, "txstage_transactions_aborted_total", reason="fenced") > 0
+    assert [e for e in zombie.events("producer.fenced") if e.get("on") == "release"]
+    assert heir.terminate() == 0
+
+
 def test_readyz_turns_ready_only_after_assignment(stage: StageSetup) -> None:
     replica = stage.replica("a", TXSTAGE_INPUT_TOPICS="placeholder")
     # No such input topic: the replica never gets past its checks, so never ready.
