@@ -86,12 +86,7 @@ def test_fence_moves_the_fenced_reason(stage: StageSetup) -> None:
     zombie = stage.replica("zombie", **long_transactions(delay_ms=2, commit_interval_ms=3000))
     wait_for(lambda: value(zombie, "txstage_oldest_open_transaction_seconds") > 0, 30,
              "an open transaction", stage.logs)
-    zombie.signal(signal.SIGSTOP)
-    heir = stage.replica("heir")
-    stage.wait_committed(60)
-    zombie.signal(signal.SIGCONT)
-    wait_for(lambda: value(zombie, "txstage_producers_fenced_total") > 0, 30,
-             "the zombie to count its fence", stage.logs)
+    heir = _taken_over_while_paused(stage, zombie)
     assert value(zombie, "txstage_transactions_aborted_total", reason="fenced") > 0
     assert value(heir, "txstage_producers_fenced_total") == 0
     assert heir.terminate() == 0
@@ -107,15 +102,22 @@ def test_a_fence_found_while_releasing_the_partitions_is_counted(stage: StageSet
                            TXSTAGE_TRANSACTION_TIMEOUT_MS="900000")
     wait_for(lambda: value(zombie, "txstage_records_consumed_total") >= 400, 30,
              "the zombie to process every input", stage.logs)
+    heir = _taken_over_while_paused(stage, zombie)
+    assert value(zombie, "txstage_transactions_aborted_total", reason="fenced") > 0
+    assert [e for e in zombie.events("producer.fenced") if e.get("on") == "release"]
+    assert heir.terminate() == 0
+
+
+def _taken_over_while_paused(stage: StageSetup, zombie: Replica) -> Replica:
+    """SIGSTOP ``zombie``, let an heir take its partitions and commit everything, then
+    SIGCONT it and wait until it has counted a fence; the heir."""
     zombie.signal(signal.SIGSTOP)
     heir = stage.replica("heir")
     stage.wait_committed(60)
     zombie.signal(signal.SIGCONT)
     wait_for(lambda: value(zombie, "txstage_producers_fenced_total") > 0, 30,
              "the zombie to count its fence", stage.diagnose)
-    assert value(zombie, "txstage_transactions_aborted_total", reason="fenced") > 0
-    assert [e for e in zombie.events("producer.fenced") if e.get("on") == "release"]
-    assert heir.terminate() == 0
+    return heir
 
 
 def test_readyz_turns_ready_only_after_assignment(stage: StageSetup) -> None:
