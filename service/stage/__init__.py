@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import structlog
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -38,6 +39,8 @@ __all__ = ["Stage"]
 
 log = structlog.get_logger(__name__)
 
+OffsetsCommitted = Callable[[KafkaError | None, list[TopicPartition]], None]
+
 _MAX_ABORT_STREAK = 10  # a failed delivery often costs two aborts (failure, epoch bump)
 
 
@@ -56,10 +59,12 @@ class Stage:
                                   "on_commit": self._on_commit,
                                   "logger": librdkafka_logger("consumer")})
         committer: Committer
+        self._offsets_committed: OffsetsCommitted | None = None  # at-least-once only
         if settings.exactly_once:
             committer = ExactlyOnce(settings, metrics)
         else:
             committer = AtLeastOnce(settings, metrics, self._commit_offsets)
+            self._offsets_committed = committer.offsets_committed
         self.committer = committer
         policy = Policy(
             commit_interval_s=settings.commit_interval_ms / 1000,
@@ -72,6 +77,7 @@ class Stage:
             # Past the deadline every Kafka call of a commit or an abort is given
             # (ExactlyOnce: the transaction timeout + 30 s), with a margin.
             stuck_after_s=settings.transaction_timeout_ms / 1000 + 40,
+            renew_after_abort=settings.exactly_once,  # at-least-once shares one producer
         )
         self.loop = Loop(settings, transform, metrics, health, limits, self.consumer, committer,
                          policy)
@@ -147,12 +153,19 @@ class Stage:
             self.consumer.commit(offsets=offsets, asynchronous=False)
 
     def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        """Result of an at-least-once offset commit (librdkafka thread: never raises).
-        A failed commit loses nothing: the next one covers it, or the next owner
-        processes those records again."""
-        if error is not None:
+        """Result of an at-least-once offset commit, served by the consumer's poll on
+        the loop thread; never raises. A failed commit loses nothing: the committer
+        sends it again (or a newer one), or the next owner processes those records
+        again."""
+        failed = [tp for tp in partitions if tp.error is not None]
+        first = error or (failed[0].error if failed else None)
+        if first is not None:
             self.metrics.kafka_errors.labels(op="commit_offsets", action="retry").inc()
-            log.warning("offsets.commit_failed", code=error.name(), error=error.str())
+            log.warning("offsets.commit_failed", code=first.name(), error=first.str(),
+                        partitions=[f"{tp.topic}[{tp.partition}]@{tp.offset}"
+                                    for tp in (partitions if error else failed)])
+        if self._offsets_committed is not None:
+            self._offsets_committed(error, partitions)
 
     def _on_client_error(self, error: KafkaError) -> None:
         """error_cb, on a librdkafka thread: log, and record a fatal error. Never raises."""

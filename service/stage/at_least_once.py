@@ -77,6 +77,8 @@ class AtLeastOnce:
         self._open: dict[TopicPartitionKey, Window] = {}
         self._blamed: set[TopicPartitionKey] = set()   # failure reported, not yet aborted
         self._deliverable: dict[TopicPartitionKey, int] = {}  # delivered, not yet committed
+        self._sent: dict[TopicPartitionKey, int] = {}  # the newest offset sent to commit
+        self._owned: set[TopicPartitionKey] = set()
         self._next_commit = 0.0
 
     def transactional_id(self, key: TopicPartitionKey) -> None:
@@ -84,6 +86,8 @@ class AtLeastOnce:
 
     def init(self, key: TopicPartitionKey) -> Job:
         self._forget(key)
+        self._owned.add(key)
+        self._sent.pop(key, None)
         return lambda: InitDone(time.monotonic())
 
     def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
@@ -143,8 +147,9 @@ class AtLeastOnce:
         chosen = {k: o for k, o in self._deliverable.items() if keys is None or k in keys}
         if not chosen:
             return
-        for key in chosen:
+        for key, offset in chosen.items():
             del self._deliverable[key]
+            self._sent[key] = offset
         offsets = [TopicPartition(topic, partition, offset)
                    for (topic, partition), offset in chosen.items()]
         started = time.monotonic()
@@ -152,6 +157,20 @@ class AtLeastOnce:
         if wait:
             self._metrics.commit_seconds.observe(time.monotonic() - started)
         self._metrics.last_commit.set_to_current_time()
+
+    def offsets_committed(self, error: KafkaError | None,
+                          partitions: list[TopicPartition]) -> None:
+        """The result of an asynchronous commit (served by the consumer's poll, on the
+        loop thread; never raises). A failed offset is committed again at the next
+        interval unless a newer one was sent since: once the input stops nothing else
+        would ever commit it (a rebalance's ILLEGAL_GENERATION left partitions behind
+        for good)."""
+        for tp in partitions:
+            if error is None and tp.error is None:
+                continue
+            key = (tp.topic, tp.partition)
+            if key in self._owned and tp.offset >= self._sent.get(key, -1):
+                self._deliverable[key] = max(tp.offset, self._deliverable.get(key, -1))
 
     def finish(self, key: TopicPartitionKey, txn: Txn | None, commit: bool, reason: str,
                group_metadata: GroupMetadata) -> None:
@@ -171,9 +190,11 @@ class AtLeastOnce:
                 log.warning("offsets.commit_failed", topic=key[0], partition=key[1],
                             error=str(exc))
         self._forget(key)
+        self._owned.discard(key)
 
     def detach(self, key: TopicPartitionKey) -> Job:
-        self._forget(key)  # the shared producer stays; late reports no longer count
+        self._forget(key)
+        self._owned.discard(key)  # the shared producer stays; late reports no longer count
         return lambda: None
 
     def shutdown(self, timeout_s: float) -> None:

@@ -3,11 +3,12 @@
 A partition is always in exactly one phase::
 
     INITIALISING ──InitDone──▶ POSITIONING ──Positioned──▶ ACTIVE ◀──────────────┐
-         ▲                          ▲                     │  │ CommitDue      │ CommitDone
-         │ Tick (reclaim)           │ AbortDone           │  ▼                │
-       FENCED ◀──fenced──── ABORTING ◀──abortable── COMMITTING ─────────────┘
-                                 ▲                     │
-                                 └──── ProduceFailed / DeliveryFailed (ACTIVE)
+       ▲    ▲                       ▲                     │  │ CommitDue      │ CommitDone
+       │    │ Tick (reclaim)        │ AbortDone (ALO)     │  ▼                │
+       │  FENCED ◀──fenced──── ABORTING ◀──abortable── COMMITTING ──────────┘
+       │                         │ ▲                     │
+       └── AbortDone (EOS: ──────┘ └── ProduceFailed / DeliveryFailed (ACTIVE)
+           a new producer)
     any phase ──Released──▶ RELEASED  (revoked: commit if healthy, else abort; lost: abort)
 
 Besides its phase a partition holds a set of pause reasons; the consumer pauses
@@ -103,6 +104,11 @@ class Policy:
     transaction_timeout_s: float = 60.0
     stuck_after_s: float = 100.0  # a commit or abort still running: its producer is stuck
     backlog_limit: int = 5000
+    # Exactly-once: a new producer after every abort. Its init_transactions bumps the
+    # epoch, so a request of the aborted transaction still in flight (a TxnOffsetCommit
+    # held in the network past the client's time-out) is fenced instead of joining the
+    # next transaction of the same producer id (librdkafka has no KIP-890 part 2).
+    renew_after_abort: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -673,8 +679,13 @@ def _abort_done(state: PartitionState, event: AbortDone, policy: Policy) -> Step
     if streak > 1:  # the first retry is immediate; later ones back off
         resume_at = event.now + _backoff(streak - 1, policy)
     actions.insert(0, Aborted("abortable_error", txn, streak, cause))
-    actions.append(LookupPosition())
-    return replace(state, phase=Phase.POSITIONING, txn=None, abort_streak=streak,
+    phase = Phase.POSITIONING
+    if policy.renew_after_abort:
+        phase = Phase.INITIALISING
+        actions += [CloseProducer(), StartInit()]
+    else:
+        actions.append(LookupPosition())
+    return replace(state, phase=phase, txn=None, abort_streak=streak,
                    isolation=isolation, refused=refused, suspects=suspects, failures=(),
                    abort_error=None, resume_at=resume_at), actions
 
@@ -691,6 +702,15 @@ def _abort_failed(state: PartitionState, event: AbortFailed, policy: Policy) -> 
         # The abort did not finish by its deadline: the producer is stuck. Replace it;
         # the next init_transactions of its id aborts the transaction for us.
         return _fence(state, event.error, event.now, policy)
+    if policy.renew_after_abort:
+        # The producer is unusable (seen in the soak: INVALID_TXN_STATE on the abort
+        # after the coordinator's broker died while outputs timed out). Nobody else
+        # claimed the id, so no fence to wait out: a new producer's init_transactions
+        # aborts what is open, exactly as a restart of the replica would, without the
+        # restart. Counted as an abort: a producer that keeps failing so still fails
+        # the replica after ``max_abort_streak``.
+        return _abort_done(replace(state, abort_error=event.error), AbortDone((), event.now),
+                           policy)
     return state, [Fail(event.error)]
 
 

@@ -27,7 +27,6 @@ import argparse
 import heapq
 import json
 import random
-import re
 import signal
 import sys
 import tempfile
@@ -287,7 +286,7 @@ def _inject(world: World, progress: _Progress, rng: random.Random, names: list[s
 
 
 def _stop_replicas(world: World, outcome: Outcome) -> None:
-    outcome.details["aborts_by_reason"] = _aborts(world.live_replicas())
+    outcome.details["aborts_by_reason"] = _aborts(world.log_dir)
     codes = {r.name: r.terminate(90) for r in world.live_replicas()}
     world.collect_exits()
     outcome.checks["every replica stops with exit 0 on SIGTERM"] = \
@@ -363,22 +362,27 @@ def _drain(progress: _Progress, timeout_s: float) -> bool:
     return False
 
 
-_ABORTED = re.compile(r'^txstage_transactions_aborted_total\{reason="([a-z_]+)"\} ([0-9.e+]+)$')
-
-
-def _aborts(replicas: list[Replica]) -> dict[str, int]:
-    """Aborts by reason, summed over the replicas still running at the end."""
+def _aborts(log_dir: Path) -> dict[str, int]:
+    """Aborts by reason over every replica process of the run (their logs: the
+    metrics of replicas killed on the way are gone), fences included."""
     total: Counter[str] = Counter()
-    for replica in replicas:
-        try:
-            text = replica.metrics()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            match = _ABORTED.match(line)
-            if match:
-                total[match.group(1)] += int(float(match.group(2)))
-    return {reason: count for reason, count in sorted(total.items()) if count}
+    for path in sorted(log_dir.glob("*.log")):
+        for raw in path.read_text(errors="replace").splitlines():
+            if '"transaction.aborted"' not in raw and '"producer.fenced"' not in raw \
+                    and '"record.poison"' not in raw:
+                continue
+            try:
+                line = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            event = line.get("event")
+            if event == "transaction.aborted":
+                total[str(line.get("reason"))] += 1
+            elif event == "producer.fenced":
+                total["fenced"] += 1
+            elif event == "record.poison":
+                total["poison"] += 1
+    return dict(sorted(total.items()))
 
 
 def _check_outputs(outcome: Outcome, bootstrap: str, topics: Topics, guarantee: str) -> None:

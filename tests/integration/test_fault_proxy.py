@@ -422,3 +422,86 @@ def test_d_the_stage_sees_delayed_end_txn_responses_and_dropped_produce_connecti
         + replica.log_tail(80)
     stage.assert_exactly_once()
     assert replica.terminate() == 0
+
+
+def test_e_at_least_once_commits_again_what_a_failed_offset_commit_left_behind(
+        proxied_stage: StageSetup, proxied_kafka: ProxiedKafka) -> None:
+    # At-least-once commits offsets asynchronously once their outputs were delivered.
+    # The old stage only logged a failed commit (chaos seed 14: ILLEGAL_GENERATION while
+    # the group rebalanced): once the input stopped nothing committed those partitions
+    # again and the group stayed behind for good. Here every OffsetCommit loses its
+    # connection while the last records are processed; once that ends, the stage must
+    # commit the whole input without new records to carry it.
+    stage, proxy = proxied_stage, proxied_kafka.proxy
+    replica = stage.replica("a", TXSTAGE_GUARANTEE="at_least_once",
+                            TXSTAGE_TRANSFORM="tests.integration.transforms:slow_square",
+                            TEST_DELAY_MS="1")
+    wait_for(replica.ready, 60, "the replica to be ready", stage.logs)
+    refused = proxy.drop_connection(Api.OFFSET_COMMIT, on="request", duration_s=8.0)
+    produce_inputs(stage.bootstrap, stage.input_topic, range(800), PARTITIONS)
+    wait_for(lambda: any(line.get("event") == "offsets.commit_failed"
+                         for line in replica.log_lines()), 8,
+             "an offset commit to fail", replica.log_tail)
+    wait_for(lambda: refused.expired(time.monotonic()), 10, "the fault to end",
+             proxy.describe)
+    stage.wait_committed(30)
+    report = stage.verify()
+    assert not (report.missing or report.unexpected or report.mismatched), report.problems()
+    assert replica.terminate() == 0
+
+
+# ------------------------------------- (f) a stray TxnOffsetCommit of an aborted transaction
+
+
+@pytest.mark.parametrize("renewed", [False, True], ids=["same_producer", "renewed_producer"])
+def test_f_a_stray_offset_commit_of_an_aborted_transaction(
+        proxied_kafka: ProxiedKafka, unique_name: UniqueName, renewed: bool) -> None:
+    # librdkafka has no KIP-890 part 2: a TxnOffsetCommit it gave up on (its request
+    # timed out, it disconnected and sent it again) can still reach the broker later,
+    # here held 5 s by the proxy as a paused broker's socket buffer would. The
+    # transaction is then aborted. Under the same producer (same epoch) the stray joins
+    # the next transaction and commits the aborted transaction's offsets with it: the
+    # group's offset passes inputs whose outputs were aborted (loss). A new producer
+    # for the next transaction (init_transactions bumps the epoch), as the stage makes
+    # after every abort, gets the stray fenced.
+    proxy, direct = proxied_kafka.proxy, proxied_kafka.direct_bootstrap
+    topic = create_topic(direct, unique_name("stray"))
+    group, tid = unique_name("stray-group"), unique_name("tx-stray")
+    config = {"bootstrap.servers": proxied_kafka.bootstrap, "transactional.id": tid,
+              "socket.timeout.ms": 2000}  # the request time-out librdkafka gives up after
+    consumer = Consumer({"bootstrap.servers": direct, "group.id": group})
+    first = Producer(config)
+    producers = [first]
+    with _closing(*producers), contextlib.closing(consumer):  # type: ignore[type-var]
+        first.init_transactions(30)
+        metadata = consumer.consumer_group_metadata()
+
+        def offsets(next_offset: int) -> list[TopicPartition]:
+            return [TopicPartition(topic, 0, next_offset)]
+
+        first.begin_transaction()
+        first.produce(topic, b"aborted")
+        held = proxy.delay_request(Api.TXN_OFFSET_COMMIT, 5.0, transactional_id=tid, count=1)
+        took = _timed(lambda: first.send_offsets_to_transaction(offsets(100), metadata, 30))
+        assert took < 4.5, f"send_offsets_to_transaction waited for the held request ({took} s)"
+        first.abort_transaction(30)
+        second = first
+        if renewed:
+            first.close()
+            second = Producer(config)
+            producers.append(second)
+            second.init_transactions(30)
+        second.begin_transaction()
+        second.produce(topic, b"committed")
+        second.send_offsets_to_transaction(offsets(50), metadata, 30)
+        [stray] = proxy.wait_applied(held, released=True, timeout=15)
+        time.sleep(0.5)  # the broker handles the stray
+        second.commit_transaction(30)
+
+    [committed] = Consumer({"bootstrap.servers": direct, "group.id": group,
+                            "isolation.level": "read_committed"}).committed(
+        [TopicPartition(topic, 0)], timeout=30)
+    values = [r.value for r in read_committed(direct, topic)]
+    assert values == [b"committed"]
+    print(f"renewed={renewed}: committed offset {committed.offset}; stray {stray}")
+    assert committed.offset == (50 if renewed else 100), proxy.describe()

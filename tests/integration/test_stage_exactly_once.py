@@ -11,6 +11,7 @@ import pytest
 from tests.harness.reading import read_uncommitted
 from tests.integration.conftest import PARTITIONS, StageSetup, long_transactions
 from tests.integration.replicas import produce_inputs, wait_for
+from tests.integration.replicas import value as metric_value
 
 pytestmark = pytest.mark.kafka
 
@@ -91,6 +92,10 @@ def test_injected_abortable_errors_still_exactly_once(stage: StageSetup,
               if e.get("reason") == "abortable_error"]
     assert aborts, "the broker's rejections must have aborted transactions"
     assert 'txstage_transactions_aborted_total{reason="abortable_error"}' in replica.metrics()
+    # Every abort replaced its partition's producer (a new epoch fences any request of
+    # the aborted transaction still on its way): one init per partition, one per abort.
+    inits = metric_value(replica, "txstage_producer_init_seconds_count")
+    assert inits >= PARTITIONS + len(aborts), (inits, len(aborts))
     assert replica.terminate() == 0
 
 

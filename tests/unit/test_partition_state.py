@@ -6,6 +6,8 @@ events one fault (or two at once) produces and checks what the loop is told to d
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from confluent_kafka import KafkaError
 
@@ -25,6 +27,7 @@ from service.stage.state import Pause, Phase
 POLICY = sm.Policy(commit_interval_s=0.1, commit_max_records=1000, max_abort_streak=4,
                    retry_backoff_s=1.0, max_backoff_s=30.0, max_record_attempts=3,
                    reclaim_after_s=6.0, transaction_timeout_s=2.0)
+AT_LEAST_ONCE = replace(POLICY, renew_after_abort=False)  # one shared producer
 
 
 def abortable(code: int = KafkaError._STATE, op: str = "produce") -> AbortableError:
@@ -44,12 +47,17 @@ def kinds(actions: list[sm.Action]) -> list[str]:
     return [type(a).__name__ for a in actions]
 
 
-def step(state: sm.PartitionState, *events: sm.Event) -> tuple[sm.PartitionState,
-                                                               list[sm.Action]]:
+def step(state: sm.PartitionState, *events: sm.Event,
+         policy: sm.Policy = POLICY) -> tuple[sm.PartitionState, list[sm.Action]]:
     actions: list[sm.Action] = []
     for event in events:
-        state, actions = sm.transition(state, event, POLICY)
+        state, actions = sm.transition(state, event, policy)
     return state, actions
+
+
+def aborted(failures: tuple[Failure, ...], now: float) -> tuple[sm.Event, sm.Event]:
+    """The abort ends, and the new producer that replaces the aborting one is ready."""
+    return sm.AbortDone(failures, now), sm.InitDone(now)
 
 
 def active(first: int = 0, records: int = 0, now: float = 0.0) -> sm.PartitionState:
@@ -100,21 +108,31 @@ def test_a_slow_commit_with_too_many_held_records_pauses_until_it_ends() -> None
 # ------------------------------------------------------------------ one fault
 
 
-def test_an_abortable_produce_aborts_and_resumes_from_the_committed_offset() -> None:
+def test_an_abortable_produce_aborts_renews_the_producer_and_resumes_from_kafka() -> None:
+    """The new producer's init_transactions bumps the epoch: a request of the aborted
+    transaction still in flight is fenced instead of joining the next transaction."""
     state, actions = step(active(0, 5), sm.ProduceFailed(abortable(), 1.0))
     assert state.phase is Phase.ABORTING and state.paused
     assert kinds(actions) == ["PausePartition", "DropHeld", "StartAbort"]
     state, actions = step(state, sm.AbortDone((), 1.1))
-    assert state.phase is Phase.POSITIONING and state.abort_streak == 1
-    assert kinds(actions) == ["Aborted", "LookupPosition"]
+    assert state.phase is Phase.INITIALISING and state.abort_streak == 1 and state.paused
+    assert kinds(actions) == ["Aborted", "CloseProducer", "StartInit"]
+    state, actions = step(state, sm.InitDone(1.15))
+    assert state.phase is Phase.POSITIONING and kinds(actions) == ["LookupPosition"]
     state, actions = step(state, sm.Positioned(0, 1.2))
     assert actions == [sm.Seek(0), sm.ResumePartition()]
+
+
+def test_at_least_once_keeps_its_shared_producer_after_an_abort() -> None:
+    state, _ = step(active(0, 5), sm.DeliveryFailed((), 1.0), policy=AT_LEAST_ONCE)
+    state, actions = step(state, sm.AbortDone((), 1.1), policy=AT_LEAST_ONCE)
+    assert state.phase is Phase.POSITIONING and kinds(actions) == ["Aborted", "LookupPosition"]
 
 
 def test_aborts_in_a_row_back_off_then_fail_naming_the_offsets() -> None:
     state = active(7, 3)
     for attempt in range(1, POLICY.max_abort_streak):
-        state, _ = step(state, sm.ProduceFailed(abortable(), 10.0), sm.AbortDone((), 10.0))
+        state, _ = step(state, sm.ProduceFailed(abortable(), 10.0), *aborted((), 10.0))
         state, actions = step(state, sm.Positioned(7, 10.0))
         assert (Pause.BACKOFF in state.pauses) == (attempt > 1)  # the first retry is at once
         state, _ = step(state, sm.Tick(100.0), sm.Wrote(7, 10, 3, 100.0))
@@ -223,18 +241,18 @@ def test_a_refused_output_named_twice_by_its_delivery_reports_is_dead_lettered()
     state, actions = step(state, sm.AbortDone((refused_at(42), refused_at(
         43, KafkaError._INVALID_DIFFERENT_RECORD)), 1.1))
     assert dict(state.suspects) == {42: "INVALID_RECORD: refused"} and not state.refused
-    assert kinds(actions) == ["Aborted", "LookupPosition"]
-    state, _ = step(state, sm.Positioned(40, 1.2), sm.Wrote(40, 45, 5, 1.2),
+    assert kinds(actions) == ["Aborted", "CloseProducer", "StartInit"]
+    state, _ = step(state, sm.InitDone(1.2), sm.Positioned(40, 1.2), sm.Wrote(40, 45, 5, 1.2),
                     sm.ProduceFailed(abortable(), 1.3))
     state, actions = step(state, sm.AbortDone((refused_at(42),), 1.4))
     assert dict(state.refused) == {42: "INVALID_RECORD: refused"} and not state.suspects
     assert state.abort_streak == 0, "finding the record is progress, not a failed retry"
-    assert kinds(actions) == ["Aborted", "RecordRefused", "LookupPosition"]
+    assert kinds(actions) == ["Aborted", "RecordRefused", "CloseProducer", "StartInit"]
 
 
 def test_a_refusal_that_does_not_repeat_costs_a_retry_not_the_record() -> None:
     state, _ = step(active(40, 5), sm.ProduceFailed(abortable(), 1.0),
-                    sm.AbortDone((refused_at(42),), 1.1), sm.Positioned(40, 1.2),
+                    *aborted((refused_at(42),), 1.1), sm.Positioned(40, 1.2),
                     sm.Wrote(40, 45, 5, 1.2), sm.CommitDue(1.3), sm.CommitDone(0.1, 1.4))
     assert not state.refused and state.phase is Phase.ACTIVE
 
@@ -270,7 +288,7 @@ def test_an_unattributed_refusal_is_found_by_bisection() -> None:
             state, actions = step(state, sm.AbortDone(
                 (refused_at(None, KafkaError.MSG_SIZE_TOO_LARGE),), 1.0))
             found += [a.offset for a in actions if isinstance(a, sm.RecordRefused)]
-            state, _ = step(state, sm.Positioned(txn.first, 1.0))
+            state, _ = step(state, sm.InitDone(1.0), sm.Positioned(txn.first, 1.0))
             position = txn.first
         else:
             state, _ = step(state, sm.CommitDue(1.0), sm.CommitDone(0.01, 1.0))
@@ -283,7 +301,7 @@ def test_an_unattributed_refusal_is_found_by_bisection() -> None:
 
 def test_a_refused_dead_letter_fails_instead_of_looping() -> None:
     state, _ = step(active(42, 1), sm.ProduceFailed(abortable(), 1.0),
-                    sm.AbortDone((refused_at(42),), 1.0), sm.Positioned(42, 1.0),
+                    *aborted((refused_at(42),), 1.0), sm.Positioned(42, 1.0),
                     sm.Wrote(42, 43, 1, 1.0), sm.ProduceFailed(abortable(), 2.0))
     _, actions = step(state, sm.AbortDone((refused_at(42),), 2.0))
     assert kinds(actions) == ["Fail"]
@@ -320,6 +338,35 @@ def test_fenced_on_commit_closes_the_producer_and_drops_held_records() -> None:
     assert kinds(actions) == ["PausePartition", "DropHeld", "CloseProducer", "Fenced"]
 
 
+def test_a_fatal_error_on_abort_renews_the_producer_instead_of_failing() -> None:
+    """Soak seed 2026: outputs timed out while the coordinator's broker died, and
+    abort_transaction answered INVALID_TXN_STATE (fatal); the replica exited 1. A new
+    producer's init_transactions aborts what is open, as a restart would."""
+    invalid = FatalError(Where("abort_transaction", "tid", "in", 0),
+                         KafkaError(KafkaError.INVALID_TXN_STATE, "invalid", fatal=True))
+    state, _ = step(active(0, 5), sm.ProduceFailed(abortable(), 1.0))
+    state, actions = step(state, sm.AbortFailed(invalid, 1.1))
+    assert state.phase is Phase.INITIALISING and state.abort_streak == 1
+    assert kinds(actions) == ["Aborted", "CloseProducer", "StartInit"]
+    assert "INVALID_TXN_STATE" in actions[0].cause  # type: ignore[union-attr]
+    for _ in range(POLICY.max_abort_streak - 2):
+        state, _ = step(state, sm.InitDone(2.0), sm.Positioned(0, 2.0), sm.Tick(99.0),
+                        sm.Wrote(0, 5, 5, 99.0), sm.ProduceFailed(abortable(), 99.0),
+                        sm.AbortFailed(invalid, 99.0))
+        assert state.phase is Phase.INITIALISING
+    state, _ = step(state, sm.InitDone(2.0), sm.Positioned(0, 2.0), sm.Tick(199.0),
+                    sm.Wrote(0, 5, 5, 199.0), sm.ProduceFailed(abortable(), 199.0))
+    _, actions = step(state, sm.AbortFailed(invalid, 199.0))
+    assert kinds(actions) == ["Fail"], "a producer that keeps failing still fails the replica"
+
+
+def test_at_least_once_has_no_producer_to_renew_on_a_fatal_abort() -> None:
+    invalid = FatalError(Where("abort_transaction"), KafkaError(KafkaError._FATAL, "x", fatal=True))
+    state, _ = step(active(0, 5), sm.DeliveryFailed((), 1.0), policy=AT_LEAST_ONCE)
+    _, actions = step(state, sm.AbortFailed(invalid, 1.1), policy=AT_LEAST_ONCE)
+    assert kinds(actions) == ["Fail"]
+
+
 def test_revoke_while_aborting_abandons_the_abort_to_finish_alone() -> None:
     state, _ = step(active(0, 5), sm.ProduceFailed(abortable(), 1.0))
     state, actions = step(state, sm.Released(False, 1.1))
@@ -329,9 +376,15 @@ def test_revoke_while_aborting_abandons_the_abort_to_finish_alone() -> None:
 
 
 def test_revoke_after_the_abort_ended_closes_without_committing() -> None:
-    state, _ = step(active(0, 5), sm.ProduceFailed(abortable(), 1.0), sm.AbortDone((), 1.1))
+    state, _ = step(active(0, 5), sm.ProduceFailed(abortable(), 1.0), *aborted((), 1.1))
     _, actions = step(state, sm.Released(False, 1.2))
     assert actions == [sm.DropHeld(), sm.Finish(None, False, "revoked")]
+
+
+def test_revoke_while_the_producer_is_renewed_after_an_abort_abandons_the_init() -> None:
+    state, _ = step(active(0, 5), sm.ProduceFailed(abortable(), 1.0), sm.AbortDone((), 1.1))
+    state, actions = step(state, sm.Released(False, 1.2))
+    assert state.phase is Phase.RELEASED and kinds(actions) == ["DropHeld", "Abandon"]
 
 
 def test_revoke_commits_a_healthy_transaction_and_lost_never_does() -> None:
@@ -371,13 +424,14 @@ def test_a_fence_on_init_waits_like_any_fence() -> None:
 
 def test_at_least_once_delivery_failure_rewinds_and_dead_letters_the_named_record() -> None:
     state = active(0, 50)
-    state, actions = step(state, sm.DeliveryFailed((refused_at(17),), 1.0))
+    state, actions = step(state, sm.DeliveryFailed((refused_at(17),), 1.0), policy=AT_LEAST_ONCE)
     assert kinds(actions) == ["PausePartition", "DropHeld", "StartAbort"]
     assert actions[-1] == sm.StartAbort(None)
-    state, _ = step(state, sm.AbortDone((), 1.0))
+    state, _ = step(state, sm.AbortDone((), 1.0), policy=AT_LEAST_ONCE)
     assert set(state.suspects) == {17} and state.phase is Phase.POSITIONING
     state, _ = step(state, sm.Positioned(0, 1.1), sm.Wrote(0, 50, 50, 1.1),
-                    sm.DeliveryFailed((refused_at(17),), 2.0), sm.AbortDone((), 2.0))
+                    sm.DeliveryFailed((refused_at(17),), 2.0), sm.AbortDone((), 2.0),
+                    policy=AT_LEAST_ONCE)
     assert set(state.refused) == {17}
 
 
