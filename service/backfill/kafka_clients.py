@@ -5,7 +5,9 @@ Nothing connects until used: constructors do no network I/O.
 
 from __future__ import annotations
 
-from confluent_kafka import Consumer
+import time
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from service.backfill import progress
@@ -40,5 +42,35 @@ def read_job(settings: Settings, topic: str, job_id: str) -> JobState:
     consumer = progress_consumer(settings)
     try:
         return progress.read_job(consumer, topic, job_id, high)
+    finally:
+        consumer.close()
+
+
+def first_unread(settings: Settings, topic: str, partition: int, start: int, end: int,
+                 timeout_s: float = 60.0) -> int | None:
+    """The offset of the first record a read_committed reader gets from ``start`` that
+    lies below ``end``, or None when nothing readable is left in ``[start, end)`` (only
+    transaction markers, aborted or compacted-away records). When the last stable
+    offset is below ``end`` (a transaction still open in the range) the answer is that
+    offset: what lies beyond it cannot be known yet. Raises KafkaException on errors
+    and TimeoutError when Kafka does not answer within ``timeout_s``."""
+    consumer = progress_consumer(settings)  # read_committed, reports the partition's end
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            message = consumer.poll(min(left, 1.0))
+            if message is None:
+                continue
+            error = message.error()
+            if error is None:
+                offset = message.offset()
+                return offset if offset is not None and offset < end else None
+            if error.code() != KafkaError._PARTITION_EOF:
+                raise KafkaException(error)
+            at = message.offset()  # the end for read_committed: the last stable offset
+            return None if at is None or at >= end else at
+        raise TimeoutError(f"{topic}/{partition}: no answer from offset {start} within "
+                           f"{timeout_s:.0f} s")
     finally:
         consumer.close()

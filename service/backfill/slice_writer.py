@@ -10,7 +10,16 @@ A slice attempt (a Spark task attempt, or a retry of it) runs these steps in ord
    and produce its outputs inside the open transaction.
 4. Every ``transaction_records`` inputs or ``transaction_ms``: produce the new progress
    record and ``commit_transaction()`` — outputs and progress become visible together.
-5. At the end of the input: a last commit that marks the slice done.
+5. At the end of the input, once the slice's whole range was read (below): a last
+   commit that marks the slice done.
+
+"Done" is a promise that every input of the range is written, so it is checked, not
+assumed from the end of what Spark handed over. A file range's row count is known
+exactly (the plan counted it): every row must have arrived. A Kafka range may have
+gaps (transaction markers, aborted or compacted records), so when the input stops
+short of the range's end, ``unread`` asks Kafka (read_committed) for a record between
+where it stopped and the end: if there is one, what was read is committed, not marked
+done, and the attempt fails with IncompleteSliceError (a retry resumes from there).
 
 Errors follow the stream's rules (service.errors): retriable → retry the same call;
 abortable → abort and commit the transaction's inputs again from memory (their outputs
@@ -59,6 +68,14 @@ class InputOrderError(RuntimeError):
     """Input offsets of a slice must increase strictly and stay inside the slice."""
 
 
+class IncompleteSliceError(RuntimeError):
+    """The input of a slice ended before its whole range was read."""
+
+
+# From an offset, the first record (read_committed) below the slice's end, or None.
+Unread = Callable[[int], int | None]
+
+
 @dataclass(slots=True)
 class SliceOutcome:
     progress: SliceProgress
@@ -86,10 +103,13 @@ class SliceWriter:
     def __init__(self, task: SliceTask, producer: PinnedProducer,
                  read_progress: Callable[[], SliceProgress | None], process: Process,
                  clock: Callable[[], float] = time.monotonic, *,
-                 dlq_topic: str | None = None) -> None:
+                 dlq_topic: str | None = None, unread: Unread | None = None) -> None:
         self.task, self.producer, self.process, self.clock = task, producer, process, clock
         self.dlq_topic = dlq_topic
         self._read_progress = read_progress
+        self._unread = unread
+        self._seen = 0       # inputs handed over, skipped ones included
+        self._read_to = -1   # the last input offset handed over + 1
         self._pending = _Pending()
         self._failed: tuple[Failure, ...] = ()  # what the last failed commit's reports said
         self.outcome = SliceOutcome(SliceProgress.initial(task.piece))
@@ -105,9 +125,33 @@ class SliceWriter:
         # On a failure, no abort here: after a fenced or timed-out commit librdkafka
         # refuses one (and an abort must never follow a commit time-out). Closing the
         # producer aborts what it still can; the next attempt's init_transactions the rest.
+        resumed_at = self.outcome.progress.next_offset
         self._write(records)
+        missing = self._missing(resumed_at)
+        if missing is not None:
+            self._commit(done=False)  # what was read is written: keep it
+            raise IncompleteSliceError(
+                f"slice {self.task.piece.index} of job {self.task.job_id} "
+                f"({self.task.piece.topic}/{self.task.piece.partition} offsets "
+                f"{self.task.piece.start}..{self.task.piece.end - 1}) is not done: {missing}")
         self._commit(done=True)
         return self.outcome
+
+    def _missing(self, resumed_at: int) -> str | None:
+        """Why the whole range was not read, or None when it was."""
+        piece = self.task.piece
+        if piece.records is not None:  # a file range: the plan counted its rows
+            if self._seen != piece.records and resumed_at < piece.end:
+                return f"{self._seen} of its {piece.records} rows arrived"
+            return None
+        read_to = max(self._read_to, resumed_at)
+        if read_to >= piece.end or self._unread is None:
+            return None
+        found = self._unread(read_to)
+        if found is None:  # only markers or aborted records were left
+            return None
+        return (f"the input stopped at offset {read_to - 1}, but Kafka has a record at "
+                f"offset {found}")
 
     # -- steps -------------------------------------------------------------------------
 
@@ -127,6 +171,8 @@ class SliceWriter:
         for record in records:
             self._check_order(record, last)
             last = record.offset
+            self._seen += 1
+            self._read_to = last + 1
             if record.offset < self.outcome.progress.next_offset:
                 self.outcome.skipped += 1
                 continue

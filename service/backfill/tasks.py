@@ -143,8 +143,12 @@ def slice_writer(job: KafkaSinkJob, index: int) -> SliceWriter:
         state = kafka_clients.read_job(settings, job.progress_topic, job.job_id)
         return state.slices.get(index)
 
+    def unread(start: int) -> int | None:
+        return kafka_clients.first_unread(settings, piece.topic, piece.partition, start,
+                                          piece.end)
+
     return SliceWriter(task, producer, committed, processor(job.processing),
-                       dlq_topic=job.processing.dlq_topic)
+                       dlq_topic=job.processing.dlq_topic, unread=unread)
 
 
 def write_slice(job: KafkaSinkJob, index: int, records: Iterable[Record]) -> SliceOutcome:

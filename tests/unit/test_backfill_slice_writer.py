@@ -15,7 +15,12 @@ from confluent_kafka import KafkaError
 from service import Output, Record
 from service.backfill.plan import Slice
 from service.backfill.progress import SliceProgress
-from service.backfill.slice_writer import InputOrderError, SliceTask, SliceWriter
+from service.backfill.slice_writer import (
+    IncompleteSliceError,
+    InputOrderError,
+    SliceTask,
+    SliceWriter,
+)
 from service.delivery import DeliveryFailures, Failure
 from service.errors import AbortableError, FencedError, PoisonRecordError, Where
 from service.examples.square import square
@@ -103,13 +108,17 @@ def records(start: int, end: int, value: Callable[[int], bytes] = lambda i: b"%d
 
 
 def run(producer: FakeProducer, inputs: Iterator[Record], committed: SliceProgress | None = None,
-        dlq: str | None = "dlq") -> SliceWriter:
+        dlq: str | None = "dlq", *, piece: Slice = PIECE,
+        unread: Callable[[int], int | None] | None = None) -> SliceWriter:
     def processing(record: Record) -> object:
         return process(square, record, default_topic="out", dlq_topic=dlq,
                        max_bytes=lambda _: 1 << 20)
 
-    writer = SliceWriter(TASK, producer, lambda: committed, processing,  # type: ignore[arg-type]
-                         dlq_topic=dlq)
+    task = TASK if piece is PIECE else SliceTask(
+        piece, TASK.job_id, TASK.transactional_id, TASK.progress_topic,
+        TASK.transaction_records, TASK.transaction_ms)
+    writer = SliceWriter(task, producer, lambda: committed, processing,  # type: ignore[arg-type]
+                         dlq_topic=dlq, unread=unread)
     writer.run(inputs)
     return writer
 
@@ -240,3 +249,50 @@ def test_a_refused_record_without_dlq_commits_what_came_before_then_fails() -> N
     assert raised.value.offset == 104
     assert sources(producer.outputs()) == [100, 101, 102, 103]
     assert producer.progress()[-1]["next_offset"] == 104
+
+
+# ------------------------------------------------- "done" only once the range was read
+
+
+def test_a_kafka_slice_whose_input_stops_short_is_committed_but_not_done() -> None:
+    """Defect 4: the writer marked a slice done at its end offset whatever it had read.
+    Here the input stops at 124 while Kafka still has a record at 130."""
+    producer, asked = FakeProducer(), []
+
+    def unread(start: int) -> int | None:
+        asked.append(start)
+        return 130
+
+    with pytest.raises(IncompleteSliceError, match=r"stopped at offset 124.*record at offset 130"):
+        run(producer, records(100, 125), unread=unread)
+    assert asked == [125]
+    assert sources(producer.outputs()) == list(range(100, 125)), "what was read is kept"
+    assert [p["next_offset"] for p in producer.progress()] == [110, 120, 125]
+    assert not any(p["done"] for p in producer.progress())
+
+
+def test_a_kafka_slice_that_ends_in_markers_or_aborted_records_is_done() -> None:
+    producer = FakeProducer()
+    run(producer, records(100, 198), unread=lambda start: None)
+    assert producer.progress()[-1]["done"] is True
+
+
+def test_a_kafka_slice_read_to_its_end_asks_nothing() -> None:
+    producer = FakeProducer()
+
+    def unread(start: int) -> int | None:
+        raise AssertionError("no question when the last input is the range's last offset")
+
+    run(producer, records(100, 200), unread=unread)
+    assert producer.progress()[-1]["done"] is True
+
+
+def test_a_file_slice_with_rows_missing_is_not_done() -> None:
+    producer = FakeProducer()
+    counted = Slice(3, "in", 1, 100, 200, records=30)
+    with pytest.raises(IncompleteSliceError, match="29 of its 30 rows arrived"):
+        run(producer, records(100, 129), piece=counted, unread=lambda start: None)
+    assert not any(p["done"] for p in producer.progress())
+    producer = FakeProducer()
+    run(producer, records(100, 130), piece=counted, unread=lambda start: None)
+    assert producer.progress()[-1]["done"] is True
