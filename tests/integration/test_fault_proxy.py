@@ -424,7 +424,7 @@ def test_d_the_stage_sees_delayed_end_txn_responses_and_dropped_produce_connecti
     assert replica.terminate() == 0
 
 
-def test_e_at_least_once_commits_again_what_a_failed_offset_commit_left_behind(
+def test_e_seed_14_at_least_once_commits_again_what_a_failed_offset_commit_left_behind(
         proxied_stage: StageSetup, proxied_kafka: ProxiedKafka) -> None:
     # At-least-once commits offsets asynchronously once their outputs were delivered.
     # The old stage only logged a failed commit (chaos seed 14: ILLEGAL_GENERATION while

@@ -338,7 +338,7 @@ def test_fenced_on_commit_closes_the_producer_and_drops_held_records() -> None:
     assert kinds(actions) == ["PausePartition", "DropHeld", "CloseProducer", "Fenced"]
 
 
-def test_a_fatal_error_on_abort_renews_the_producer_instead_of_failing() -> None:
+def test_seed_2026_a_fatal_error_on_abort_renews_the_producer_instead_of_failing() -> None:
     """Soak seed 2026: outputs timed out while the coordinator's broker died, and
     abort_transaction answered INVALID_TXN_STATE (fatal); the replica exited 1. A new
     producer's init_transactions aborts what is open, as a restart would."""
