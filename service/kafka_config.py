@@ -55,6 +55,17 @@ def consumer_config(settings: Settings) -> Config:
     return config
 
 
+# A transactional producer never re-bootstraps (librdkafka's default does, once every
+# broker it knows is down, e.g. while the only broker restarts). Re-bootstrapping
+# decommissions the brokers it knew, and the group coordinator it cached may be one
+# of them: a send_offsets_to_transaction begun then waits for that dead broker to
+# come up and never returns, whatever its timeout (librdkafka #5511 and #5456, open
+# in 2.16; seen as commits stuck until the stuck-call watchdog replaced the
+# producer). Restarted or replaced brokers keep their addresses (or DNS names),
+# which the producer reconnects to. An operator can still set it back.
+_TRANSACTIONAL_DEFAULTS: Config = {"metadata.recovery.strategy": "none"}
+
+
 def producer_config(settings: Settings, transactional_id: str | None) -> Config:
     """A producer: pinned and transactional when ``transactional_id`` is given,
     otherwise the shared idempotent producer of at-least-once mode."""
@@ -69,6 +80,7 @@ def producer_config(settings: Settings, transactional_id: str | None) -> Config:
         # cap a partition at a few commits a second.
         "retry.backoff.ms": 10,
         "client.id": client_id(settings, "producer"),
+        **(_TRANSACTIONAL_DEFAULTS if transactional_id is not None else {}),
         **_plain(settings.kafka),
         **_plain(settings.producer),
         "bootstrap.servers": settings.bootstrap_servers,

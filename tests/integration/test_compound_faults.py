@@ -7,6 +7,8 @@ Each test names, in a comment, what the stage before the rebuild did wrong.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -17,12 +19,15 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import pytest
-from confluent_kafka import ConsumerGroupType, Producer
+from confluent_kafka import Consumer, ConsumerGroupType, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._group import ConsumerGroupDescription
 
 from service.deadletter import ERROR_CLASS, ERROR_OFFSET, ERROR_PARTITION
+from service.kafka_config import producer_config
+from service.settings import load_settings
 from service.verify import committed_offsets
+from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaCluster, KafkaService
 from tests.harness.reading import read_committed, read_uncommitted
 from tests.integration.conftest import (
@@ -457,3 +462,61 @@ def test_broker_sigkill_and_restart_during_a_slow_transform(
     settle(stage, [replica], 90)
     stage.assert_exactly_once()
     assert replica.terminate() == 0
+
+
+@pytest.mark.parametrize("strategy", ["product", "rebootstrap"])
+def test_send_offsets_after_the_only_broker_restarted_returns(
+        make_cluster: Callable[..., KafkaCluster], unique_name: Callable[[str], str],
+        strategy: str) -> None:
+    # CI, issue 9 (group protocol "consumer"): the test above hung in
+    # send_offsets_to_transaction until the stuck-call watchdog fired, 100 s later.
+    # librdkafka re-bootstraps once every broker it knows is down, which decommissions
+    # the broker it had cached as group coordinator; after the restart, the offsets
+    # commit waits for that dead broker object forever, timeout or not (librdkafka
+    # #5511, #5456). The product's producers do not re-bootstrap (kafka_config);
+    # "rebootstrap" is librdkafka's default, kept to show the hang is real: it fails
+    # once librdkafka is fixed, and then the setting can go.
+    cluster = make_cluster(1)
+    topic = create_topic(cluster.bootstrap, unique_name("reboot"))
+    group = unique_name("reboot-group")
+    settings = load_settings({"TXSTAGE_BOOTSTRAP_SERVERS": cluster.bootstrap,
+                              "TXSTAGE_INPUT_TOPICS": topic, "TXSTAGE_GROUP_ID": group,
+                              "TXSTAGE_OUTPUT_TOPIC": f"{topic}-out",
+                              "TXSTAGE_TRANSFORM": "service.examples.square:square"})
+    config = producer_config(settings, unique_name("tx-reboot"))
+    if strategy == "rebootstrap":
+        config["metadata.recovery.strategy"] = "rebootstrap"
+    config["logger"] = logging.getLogger("tests.rebootstrap")  # a hung one stays quiet
+    producer = Producer(config)
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group})
+    metadata = consumer.consumer_group_metadata()
+    offsets = [TopicPartition(topic, 0, 1)]
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"before")
+    producer.send_offsets_to_transaction(offsets, metadata, 30)  # caches the coordinator
+    producer.commit_transaction(30)
+
+    cluster.kill(0)
+    time.sleep(3)  # every broker is down: librdkafka's default re-bootstraps
+    cluster.restart(0)
+    producer.begin_transaction()
+    producer.produce(topic, b"after")
+    producer.flush(30)  # the restarted broker is up for this producer again
+    returned = threading.Event()
+
+    def send_offsets() -> None:
+        with contextlib.suppress(Exception):  # an error is an answer too
+            producer.send_offsets_to_transaction(offsets, metadata, 10)
+        returned.set()
+
+    threading.Thread(target=send_offsets, daemon=True).start()
+    answered = returned.wait(25)
+    consumer.close()
+    if answered:
+        producer.abort_transaction(30)
+        producer.close()
+    # (a hung producer is left to the daemon thread: closing it would wait for the call)
+    assert answered == (strategy == "product"), (
+        f"send_offsets_to_transaction {'returned' if answered else 'hung'} with "
+        f"metadata.recovery.strategy={config.get('metadata.recovery.strategy')}")

@@ -68,12 +68,15 @@ def test_injected_abort_moves_the_abortable_error_reason(stage: StageSetup,
     compacted = new_topic(1, {"cleanup.policy": "compact"}, prefix="compact")  # type: ignore[operator]
     replica = stage.replica("a", TXSTAGE_TRANSFORM=(
         "tests.integration.transforms:square_with_broker_rejects"),
-        TEST_COMPACTED_TOPIC=compacted)
+        TEST_COMPACTED_TOPIC=compacted, TXSTAGE_LOG_LEVEL="DEBUG")
     produce_inputs(stage.bootstrap, stage.input_topic, range(200), PARTITIONS)
     stage.wait_committed(60)
     # How many of the eight partitions' first-attempt refusals surface as separate
     # aborts depends on timing (seen: 3 to 8); that the reason moves is what matters.
-    assert value(replica, "txstage_transactions_aborted_total", reason="abortable_error") >= 1
+    # (Once in a fresh-clone CI run no abort was counted at all and the log showed
+    # nothing past start-up at info level; the debug log is kept to explain a repeat.)
+    assert value(replica, "txstage_transactions_aborted_total",
+                 reason="abortable_error") >= 1, replica.log_tail(200)
     assert value(replica, "txstage_transactions_aborted_total", reason="fenced") == 0
     assert value(replica, "txstage_kafka_errors_total", op="send_offsets_to_transaction",
                  action="abort") + value(replica, "txstage_kafka_errors_total",

@@ -48,6 +48,15 @@ def test_producer_is_idempotent_and_pinned() -> None:
     assert "transactional.id" not in producer_config(settings, None)
 
 
+def test_transactional_producers_do_not_rebootstrap_unless_told_to() -> None:
+    # librdkafka #5511: a re-bootstrap can leave send_offsets_to_transaction hung
+    settings = load_settings(BASE)
+    assert producer_config(settings, "grp.in-a.0")["metadata.recovery.strategy"] == "none"
+    assert "metadata.recovery.strategy" not in producer_config(settings, None)
+    told = load_settings({**BASE, "TXSTAGE_PRODUCER__METADATA_RECOVERY_STRATEGY": "rebootstrap"})
+    assert producer_config(told, "grp.in-a.0")["metadata.recovery.strategy"] == "rebootstrap"
+
+
 @pytest.mark.parametrize(
     ("name", "value", "fragment"),
     [
