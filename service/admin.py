@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
 from service.errors import (
+    DENIALS,
+    DeniedError,
     KafkaOperationError,
     RetriableError,
     TopicLimitPending,
@@ -39,6 +49,17 @@ def _translated(exc: KafkaException, where: Where) -> KafkaOperationError:
     return error
 
 
+# Authorized operations the broker did not report (an old broker): checked at use.
+UNSAID = frozenset({"UNSAID"})
+
+
+def _names(operations: object) -> frozenset[str]:
+    """AclOperation values as their names (UNSAID: the broker did not say)."""
+    if not isinstance(operations, (list, tuple, set, frozenset)):
+        return UNSAID
+    return frozenset(getattr(op, "name", str(op)) for op in operations)
+
+
 class UnknownTopicError(LookupError):
     """A transform routed an output to a topic that does not exist."""
 
@@ -61,6 +82,64 @@ class Cluster:
             return set(self._admin.list_topics(timeout=_TIMEOUT_S).topics)
         except KafkaException as exc:
             raise _translated(exc, Where("list_topics")) from exc
+
+    def topic_operations(self, topics: Sequence[str]) -> dict[str, frozenset[str] | None]:
+        """``topic -> the ACL operations this principal may perform on it`` (``READ``,
+        ``WRITE``, ...; empty: not even DESCRIBE), ``None`` for a topic that does not
+        exist. Kafka answers a topic one may not describe as unauthorized whether or
+        not it exists, so as not to tell."""
+        futures = self._admin.describe_topics(
+            TopicCollection(list(topics)), request_timeout=_TIMEOUT_S,
+            include_authorized_operations=True)
+        found: dict[str, frozenset[str] | None] = {}
+        for topic, future in futures.items():
+            try:
+                description = future.result(timeout=_TIMEOUT_S + 1)
+            except KafkaException as exc:
+                found[topic] = self._operations_denied(exc, Where("describe_topics",
+                                                                   topic=topic))
+                continue
+            found[topic] = _names(description.authorized_operations)
+        return found
+
+    def group_operations(self, group_id: str) -> frozenset[str]:
+        """The ACL operations this principal may perform on the consumer group (empty:
+        not even DESCRIBE). A group nobody joined yet is described too."""
+        [future] = self._admin.describe_consumer_groups(
+            [group_id], request_timeout=_TIMEOUT_S,
+            include_authorized_operations=True).values()
+        try:
+            description = future.result(timeout=_TIMEOUT_S + 1)
+        except KafkaException as exc:
+            return self._operations_denied(exc, Where("describe_consumer_groups")) or frozenset()
+        return _names(description.authorized_operations)
+
+    @staticmethod
+    def _operations_denied(exc: KafkaException, where: Where) -> frozenset[str] | None:
+        error = _translated(exc, where)
+        if error.code in DENIALS:
+            return frozenset()
+        if error.code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise error from exc
+
+    @staticmethod
+    def transactions_allowed(producer_config: Config) -> bool:
+        """Whether ``init_transactions`` of ``producer_config``'s transactional id is
+        allowed (WRITE on it). The id gets a producer id and an empty transaction state,
+        which Kafka expires after ``transactional.id.expiration.ms`` (7 days)."""
+        where = Where("init_transactions", producer_config.get("transactional.id"))
+        producer = Producer(producer_config)
+        try:
+            producer.init_transactions(_TIMEOUT_S)
+        except KafkaException as exc:
+            error = _translated(exc, where)
+            if error.code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+                return False
+            raise error from exc
+        finally:
+            producer.flush(1)
+        return True
 
     def committed_offset(self, group_id: str, topic: str, partition: int, *,
                          require_stable: bool = True, timeout_s: float = _TIMEOUT_S) -> int:
@@ -190,6 +269,9 @@ class OutputLimits:
                 config = self.cluster.topic_config(topic)
             except UnknownTopicError:
                 self._unknown[topic] = time.monotonic() + self._unknown_ttl_s
+                return
+            except DeniedError:  # no DESCRIBE_CONFIGS: the producer's own limit
+                self._known[topic] = self._producer_max
                 return
             except RetriableError:
                 if time.monotonic() >= deadline:

@@ -30,6 +30,8 @@ from confluent_kafka import (
 
 from service.admin import OutputLimits
 from service.errors import (
+    DENIALS,
+    DeniedError,
     FatalError,
     KafkaOperationError,
     PoisonRecordError,
@@ -535,6 +537,8 @@ class Loop:
             raise self.recorded[0]
 
     def _consume_error(self, error: KafkaError) -> None:
+        if error.code() in DENIALS:  # a missing ACL never heals by itself
+            raise DeniedError(Where("consume"), error)
         if error.fatal():
             raise FatalError(Where("consume"), error)
         log.warning("kafka.consume_error", code=error.name(), error=error.str())

@@ -34,12 +34,18 @@ class _Flaky:
     def __init__(self, failures: int) -> None:
         self.failures = failures
 
-    def existing_topics(self) -> set[str]:
+    def topic_operations(self, topics: list[str]) -> dict[str, frozenset[str] | None]:
         if self.failures:
             self.failures -= 1
-            raise RetriableError(Where("list_topics"), KafkaError(
+            raise RetriableError(Where("describe_topics"), KafkaError(
                 KafkaError._ALL_BROKERS_DOWN, "down", retriable=True))
-        return {"in", "out"}
+        return {"in": frozenset({"READ"}), "out": frozenset({"WRITE"})}
+
+    def group_operations(self, group_id: str) -> frozenset[str]:
+        return frozenset({"READ"})
+
+    def transactions_allowed(self, config: dict[str, object]) -> bool:
+        return True
 
     def broker_config(self) -> dict[str, str]:
         return {"transaction.max.timeout.ms": "900000"}

@@ -1,0 +1,186 @@
+"""The stage on a secured broker: SASL/SCRAM-SHA-512 over TLS, the StandardAuthorizer,
+and a principal holding exactly the ACLs of service/acls.py (docs/security.md).
+
+One secured broker for the module (``secured_kafka``); each test gets a user, topics and a
+group of its own. The harness creates topics, feeds input and verifies output through the
+broker's plaintext super-user listener; the stage only ever sees the SASL_SSL one.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._acl import AclBinding
+
+from service.acls import Grant, stage_grants
+from service.local_kafka.cluster import KafkaCluster
+from service.local_kafka.security import upsert_scram_user
+from tests.integration.conftest import StageSetup, _tear_down, build_stage
+from tests.integration.replicas import produce_inputs, stage_tree, wait_for
+
+RECORDS = 200
+
+
+@dataclass
+class SecuredStage:
+    """A stage whose replicas authenticate as ``user`` and hold ``grants``."""
+
+    setup: StageSetup
+    cluster: KafkaCluster
+    user: str
+    password: str
+    grants: list[Grant]
+
+    @property
+    def principal(self) -> str:
+        return f"User:{self.user}"
+
+    def admin(self) -> AdminClient:
+        """The super user, over SASL_SSL (what docs/security.md tells an operator to use)."""
+        assert self.cluster.secured is not None
+        return AdminClient({"bootstrap.servers": self.cluster.secure_bootstrap,
+                            **self.cluster.secured.admin_config()})
+
+    def bindings(self, grants: list[Grant]) -> list[AclBinding]:
+        return [grant.binding(self.principal) for grant in grants]
+
+    def grant(self, grants: list[Grant]) -> None:
+        for future in self.admin().create_acls(self.bindings(grants)).values():
+            future.result(30)
+
+    def revoke(self, grant: Grant) -> None:
+        [binding] = self.bindings([grant])
+        for future in self.admin().delete_acls([binding]).values():
+            assert len(future.result(30)) == 1, f"{grant} was not granted"
+
+    def produce(self, start: int, count: int) -> None:
+        produce_inputs(self.setup.bootstrap, self.setup.input_topic, range(start, start + count),
+                       8)
+
+    def command(self, name: str, **overrides: str) -> subprocess.CompletedProcess[str]:
+        """``txstage <name>`` with the stage's settings, to its end."""
+        env = {**os.environ, **self.setup.env, **overrides}
+        return subprocess.run([sys.executable, "-m", "service", name], cwd=stage_tree(),
+                              env=env, capture_output=True, text=True, timeout=150,
+                              check=False)
+
+
+@pytest.fixture
+def secured_stage(secured_kafka: KafkaCluster, unique_name: Callable[[str], str],
+                  tmp_path: Path) -> Iterator[SecuredStage]:
+    """Topics and a group (made through the harness listener), a SCRAM user of the
+    stage's own, exactly the documented ACLs, and settings that reach the broker only
+    through SASL_SSL."""
+    assert secured_kafka.secured is not None
+    setup = build_stage(secured_kafka.bootstrap, unique_name, tmp_path)
+    user, password = unique_name("stage"), secrets.token_urlsafe(24)
+    grants = stage_grants(input_topics=[setup.input_topic], group_id=setup.group_id,
+                          output_topic=setup.output_topic, dlq_topic=setup.dlq_topic)
+    secured = SecuredStage(setup, secured_kafka, user, password, grants)
+    upsert_scram_user(secured.admin(), user, password)
+    secured.grant(grants)
+    setup.env |= {
+        "TXSTAGE_BOOTSTRAP_SERVERS": secured_kafka.secure_bootstrap,
+        "TXSTAGE_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+        "TXSTAGE_KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
+        "TXSTAGE_KAFKA__SASL_USERNAME": user,
+        "TXSTAGE_KAFKA__SASL_PASSWORD": password,
+        "TXSTAGE_KAFKA__SSL_CA_LOCATION": secured_kafka.secured.ca_location,
+    }
+    yield secured
+    _tear_down(setup)
+
+
+def test_stage_is_exactly_once_over_sasl_ssl_with_only_the_documented_acls(
+        secured_stage: SecuredStage) -> None:
+    secured_stage.produce(0, RECORDS)
+    replica = secured_stage.setup.replica("a")
+    secured_stage.setup.wait_committed(90)
+    assert replica.terminate() == 0
+    secured_stage.setup.assert_exactly_once()
+
+
+# Each documented ACL, and the line check-config answers when only that one is missing.
+_GRANTS = ["input READ", "group READ", "output WRITE", "dlq WRITE", "transactional WRITE"]
+
+
+def _expected_line(grant: Grant) -> str:
+    if grant.resource == "transactional-id":
+        return f"missing permission: WRITE on transactional id prefix `{grant.name}`"
+    return f"missing permission: {grant.operation} on {grant.resource} `{grant.name}`"
+
+
+@pytest.mark.parametrize("missing", range(len(_GRANTS)), ids=_GRANTS)
+def test_check_config_names_the_one_missing_permission_and_exits_2(
+        secured_stage: SecuredStage, missing: int) -> None:
+    grant = secured_stage.grants[missing]
+    secured_stage.revoke(grant)
+    result = secured_stage.command("check-config")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(lines) == 1 and lines[0].startswith(
+        f"txstage: config error: {_expected_line(grant)}"), result.stderr
+
+
+def test_run_exits_2_naming_a_missing_transactional_id_permission(
+        secured_stage: SecuredStage) -> None:
+    grant = secured_stage.grants[-1]
+    secured_stage.revoke(grant)
+    result = secured_stage.command("run")
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr
+    assert f"txstage: config error: {_expected_line(grant)}" in result.stderr
+
+
+def test_acl_removed_while_running_fails_the_replica_naming_it(
+        secured_stage: SecuredStage) -> None:
+    setup = secured_stage.setup
+    secured_stage.produce(0, 50)
+    replica = setup.replica("a")
+    setup.wait_committed(90)
+    secured_stage.revoke(next(g for g in secured_stage.grants
+                              if g.name == setup.output_topic))
+    secured_stage.produce(50, 50)
+    wait_for(lambda: not replica.alive(), 60, "the replica to fail", setup.diagnose)
+    assert replica.proc is not None and replica.proc.returncode == 1, setup.logs()
+    [failed] = replica.events("stage.failed")
+    assert "permission denied: WRITE on an output or dead-letter topic" in str(
+        failed["error"]), failed
+
+
+def test_wrong_password_exits_2_at_once_saying_authentication_failed(
+        secured_stage: SecuredStage) -> None:
+    for command in ("check-config", "run"):
+        started = time.monotonic()
+        result = secured_stage.command(command, TXSTAGE_KAFKA__SASL_PASSWORD="not-it")
+        took = time.monotonic() - started
+        assert result.returncode == 2, result.stdout[-3000:] + result.stderr
+        assert "authentication failed" in result.stderr, result.stderr
+        assert took < 15, f"{command} took {took:.1f} s"
+
+
+def test_password_appears_nowhere_the_stage_writes_even_at_debug(
+        secured_stage: SecuredStage) -> None:
+    setup = secured_stage.setup
+    debug = {"TXSTAGE_LOG_LEVEL": "DEBUG", "TXSTAGE_KAFKA__DEBUG": "security,broker,conf"}
+    checked = secured_stage.command("check-config", **debug)
+    assert checked.returncode == 0, checked.stderr
+    secured_stage.produce(0, 50)
+    replica = setup.replica("a", **debug)
+    setup.wait_committed(90)
+    answers = [replica.get(path)[1] for path in ("/metrics", "/healthz", "/readyz")]
+    assert replica.terminate() == 0
+    emitted = {"check-config": checked.stdout + checked.stderr,
+               "log": replica.log_path.read_text(errors="replace"),
+               **dict(zip(("/metrics", "/healthz", "/readyz"), answers, strict=True))}
+    assert "sasl" in emitted["log"].lower(), "no librdkafka security debug was forwarded"
+    leaks = [where for where, text in emitted.items() if secured_stage.password in text]
+    assert not leaks, f"the SASL password appears in {leaks}"
