@@ -28,6 +28,7 @@ from service.errors import (
     translate,
 )
 from service.kafka_config import Config
+from service.logs import librdkafka_logger
 
 _TIMEOUT_S = 15.0
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's producer default
@@ -72,7 +73,11 @@ class Cluster:
 
     def __init__(self, config: Config) -> None:
         self._config = config
-        self._admin = AdminClient(config)
+        self._denial: KafkaError | None = None
+        self._authenticated = False
+        with_callback: Config = {**config, "error_cb": self._on_error,
+                                 "logger": librdkafka_logger("admin")}
+        self._admin = AdminClient(with_callback)
         self._lock = threading.Lock()
         self._offset_readers: dict[tuple[str, bool], Consumer] = {}
         self._topic_configs: dict[str, dict[str, str]] = {}
@@ -83,11 +88,43 @@ class Cluster:
         except KafkaException as exc:
             raise _translated(exc, Where("list_topics")) from exc
 
+    def _on_error(self, error: KafkaError) -> None:
+        if error.code() in DENIALS:  # a wrong password: requests time out, this says why
+            self._denial = error
+
+    def _authenticate(self) -> None:
+        """Until the cluster answers metadata. A refused login is known from error_cb
+        within a second, while a request waits out its whole time-out: ask in short
+        steps, so that a wrong password is an answer at once, not 15 s later."""
+        if self._authenticated:
+            return
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            try:
+                self._admin.list_topics(timeout=0.5)
+            except KafkaException as exc:
+                denied = self.denial()
+                if denied is not None:
+                    raise denied from exc
+                if time.monotonic() >= deadline:
+                    raise _translated(exc, Where("list_topics")) from exc
+                continue
+            self._authenticated = True
+            return
+
+    def denial(self) -> DeniedError | None:
+        """The broker refused this client's credentials (seen through error_cb)."""
+        self._admin.poll(0)  # serves error_cb
+        if self._denial is None:
+            return None
+        return DeniedError(Where("connect"), self._denial)
+
     def topic_operations(self, topics: Sequence[str]) -> dict[str, frozenset[str] | None]:
         """``topic -> the ACL operations this principal may perform on it`` (``READ``,
         ``WRITE``, ...; empty: not even DESCRIBE), ``None`` for a topic that does not
         exist. Kafka answers a topic one may not describe as unauthorized whether or
         not it exists, so as not to tell."""
+        self._authenticate()
         futures = self._admin.describe_topics(
             TopicCollection(list(topics)), request_timeout=_TIMEOUT_S,
             include_authorized_operations=True)
@@ -129,7 +166,9 @@ class Cluster:
         allowed (WRITE on it). The id gets a producer id and an empty transaction state,
         which Kafka expires after ``transactional.id.expiration.ms`` (7 days)."""
         where = Where("init_transactions", producer_config.get("transactional.id"))
-        producer = Producer(producer_config)
+        # Nothing is produced, so nothing to flush: a flush would only raise the
+        # producer's fatal error again.
+        producer = Producer({**producer_config, "logger": librdkafka_logger("check")})
         try:
             producer.init_transactions(_TIMEOUT_S)
         except KafkaException as exc:
@@ -137,8 +176,6 @@ class Cluster:
             if error.code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
                 return False
             raise error from exc
-        finally:
-            producer.flush(1)
         return True
 
     def committed_offset(self, group_id: str, topic: str, partition: int, *,

@@ -45,6 +45,9 @@ def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) 
                 problems = _size_problems(settings, cluster)
             break
         except RetriableError as exc:
+            denied = cluster.denial()
+            if denied is not None:  # the cluster is there and said no: never wait for it
+                raise ConfigError(str(denied)) from exc
             if time.monotonic() >= deadline:
                 raise _unreachable(settings, exc) from exc
             log.warning("startup.cluster_unavailable", error=str(exc),

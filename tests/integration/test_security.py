@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._acl import AclBinding
+from confluent_kafka.admin._acl import AclBinding, AclBindingFilter
 
 from service.acls import Grant, stage_grants
 from service.local_kafka.cluster import KafkaCluster
@@ -39,16 +39,20 @@ class SecuredStage:
     user: str
     password: str
     grants: list[Grant]
+    _admin: AdminClient | None = None
 
     @property
     def principal(self) -> str:
         return f"User:{self.user}"
 
     def admin(self) -> AdminClient:
-        """The super user, over SASL_SSL (what docs/security.md tells an operator to use)."""
+        """The super user, over SASL_SSL (what docs/security.md tells an operator to use).
+        One client: a future outlives a client only while the client lives."""
         assert self.cluster.secured is not None
-        return AdminClient({"bootstrap.servers": self.cluster.secure_bootstrap,
-                            **self.cluster.secured.admin_config()})
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self.cluster.secure_bootstrap,
+                                       **self.cluster.secured.admin_config()})
+        return self._admin
 
     def bindings(self, grants: list[Grant]) -> list[AclBinding]:
         return [grant.binding(self.principal) for grant in grants]
@@ -58,8 +62,10 @@ class SecuredStage:
             future.result(30)
 
     def revoke(self, grant: Grant) -> None:
-        [binding] = self.bindings([grant])
-        for future in self.admin().delete_acls([binding]).values():
+        [b] = self.bindings([grant])
+        matching = AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal,
+                                    b.host, b.operation, b.permission_type)
+        for future in self.admin().delete_acls([matching]).values():
             assert len(future.result(30)) == 1, f"{grant} was not granted"
 
     def produce(self, start: int, count: int) -> None:

@@ -41,6 +41,9 @@ class _Flaky:
                 KafkaError._ALL_BROKERS_DOWN, "down", retriable=True))
         return {"in": frozenset({"READ"}), "out": frozenset({"WRITE"})}
 
+    def denial(self) -> None:
+        return None
+
     def group_operations(self, group_id: str) -> frozenset[str]:
         return frozenset({"READ"})
 
