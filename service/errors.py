@@ -116,7 +116,7 @@ class DeniedError(FatalError):
 
     def __init__(self, where: Where, error: KafkaError) -> None:
         super().__init__(where, error)
-        self.permission = missing_permission(self.code, where) or error.name()
+        self.permission = missing_permission(self.code, where, error.str()) or error.name()
         self.args = (f"permission denied: {self.permission} ({self.args[0]})",)
 
 
@@ -129,7 +129,7 @@ DENIALS = frozenset({
 _AUTHENTICATION = frozenset({KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._AUTHENTICATION})
 
 
-def missing_permission(code: int, where: Where) -> str | None:
+def missing_permission(code: int, where: Where, message: str = "") -> str | None:
     """What the principal lacks, in ACL terms, for a denial ``code`` met doing ``where``
     (``None``: not a denial). READ and WRITE imply DESCRIBE, so those are named."""
     if code in _AUTHENTICATION:
@@ -137,16 +137,27 @@ def missing_permission(code: int, where: Where) -> str | None:
                 "TXSTAGE_KAFKA__SASL_PASSWORD and TXSTAGE_KAFKA__SASL_MECHANISM")
     if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
         return f"WRITE on transactional id prefix `{transactional_prefix(where)}`"
+    if where.op == "describe_configs" and code in (KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                                   KafkaError.CLUSTER_AUTHORIZATION_FAILED):
+        return "DESCRIBE_CONFIGS on " + (f"topic `{where.topic}`" if where.topic else "the cluster")
     if code == KafkaError.GROUP_AUTHORIZATION_FAILED:
         return "READ on the consumer group (TXSTAGE_GROUP_ID)"
     if code == KafkaError.CLUSTER_AUTHORIZATION_FAILED:
         return f"the cluster refused {where.op} (CLUSTER_AUTHORIZATION_FAILED)"
     if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-        if where.op in ("consume", "seek", "committed"):
-            return f"READ on input topic `{where.topic}`" if where.topic else \
-                "READ on an input topic"
-        return "WRITE on an output or dead-letter topic"
+        return _topic_permission(where, message)
     return None
+
+
+def _topic_permission(where: Where, message: str) -> str:
+    """Which topic ACL: a transaction's offsets need READ on the input topic, its
+    outputs WRITE (librdkafka reports both through send_offsets_to_transaction and
+    commit_transaction; only its message tells an AddPartitionsToTxn failure apart)."""
+    reads = where.op in ("consume", "seek", "committed") or (
+        where.op == "send_offsets_to_transaction" and "add partition" not in message.lower())
+    if not reads:
+        return "WRITE on an output or dead-letter topic"
+    return f"READ on input topic `{where.topic}`" if where.topic else "READ on an input topic"
 
 
 def transactional_prefix(where: Where) -> str:
