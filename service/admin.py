@@ -175,6 +175,10 @@ class Cluster:
             error = _translated(exc, where)
             if error.code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
                 return False
+            # The broker checks the transaction time-out only once the id is authorized;
+            # a time-out above its ceiling is a problem of its own (the checks name it).
+            if error.code == KafkaError.INVALID_TRANSACTION_TIMEOUT:
+                return True
             raise error from exc
         return True
 
