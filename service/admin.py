@@ -82,12 +82,6 @@ class Cluster:
         self._offset_readers: dict[tuple[str, bool], Consumer] = {}
         self._topic_configs: dict[str, dict[str, str]] = {}
 
-    def existing_topics(self) -> set[str]:
-        try:
-            return set(self._admin.list_topics(timeout=_TIMEOUT_S).topics)
-        except KafkaException as exc:
-            raise _translated(exc, Where("list_topics")) from exc
-
     def _on_error(self, error: KafkaError) -> None:
         if error.code() in DENIALS:  # a wrong password: requests time out, this says why
             self._denial = error
