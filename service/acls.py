@@ -58,3 +58,22 @@ def stage_grants(*, input_topics: Sequence[str], group_id: str, output_topic: st
         grants.append(Grant("WRITE", "transactional-id",
                             f"{transactional_id_prefix or group_id}.", prefixed=True))
     return grants
+
+
+def backfill_grants(*, input_topics: Sequence[str], output_topic: str, dlq_topic: str = "",
+                    transactional_id_prefix: str, progress_topic: str) -> list[Grant]:
+    """A Kafka-to-Kafka backfill: the stage's topic and transactional-id grants (its ids
+    are ``<prefix>.backfill.<job>.<slice>``, under the same prefix), and READ, WRITE and
+    CREATE on its progress topic, which the first run creates (later runs ask to
+    create it again and accept TOPIC_ALREADY_EXISTS; not tested without CREATE).
+    DESCRIBE on the groups ``<prefix>.backfill.`` (PREFIXED): the progress reader names a
+    group ``<prefix>.backfill.<job>`` that it never joins, but librdkafka still looks up
+    that group's coordinator (FindCoordinator needs DESCRIBE)."""
+    grants = [Grant("READ", "topic", topic) for topic in input_topics]
+    grants += [Grant("WRITE", "topic", topic) for topic in (output_topic, dlq_topic) if topic]
+    grants.append(Grant("WRITE", "transactional-id", f"{transactional_id_prefix}.",
+                        prefixed=True))
+    grants += [Grant(op, "topic", progress_topic) for op in ("READ", "WRITE", "CREATE")]
+    grants.append(Grant("DESCRIBE", "group", f"{transactional_id_prefix}.backfill.",
+                        prefixed=True))
+    return grants

@@ -153,6 +153,8 @@ def _topic_permission(where: Where, message: str) -> str:
     """Which topic ACL: a transaction's offsets need READ on the input topic, its
     outputs WRITE (librdkafka reports both through send_offsets_to_transaction and
     commit_transaction; only its message tells an AddPartitionsToTxn failure apart)."""
+    if where.op == "create_topics":
+        return f"CREATE on topic `{where.topic}`"
     reads = where.op in ("consume", "seek", "committed") or (
         where.op == "send_offsets_to_transaction" and "add partition" not in message.lower())
     if not reads:

@@ -21,10 +21,15 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._acl import AclBinding, AclBindingFilter
 
-from service.acls import Grant, stage_grants
+from service.acls import Grant, backfill_grants, stage_grants
+from service.backfill.config import default_progress_topic
+from service.examples.square import square
 from service.local_kafka.cluster import KafkaCluster
 from service.local_kafka.security import upsert_scram_user
+from service.verify import compare, expected_outputs, read_topics
+from tests.harness.admin import create_topic
 from tests.integration.conftest import StageSetup, _tear_down, build_stage
+from tests.integration.conftest_spark import Backfill, spark_fixture  # noqa: F401  (fixture)
 from tests.integration.replicas import produce_inputs, stage_tree, wait_for
 
 RECORDS = 200
@@ -200,3 +205,40 @@ def test_password_appears_nowhere_the_stage_writes_even_at_debug(
     assert "sasl" in emitted["log"].lower(), "no librdkafka security debug was forwarded"
     leaks = [where for where, text in emitted.items() if secured_stage.password in text]
     assert not leaks, f"the SASL password appears in {leaks}"
+
+
+_SECURITY_SETTINGS = ("TXSTAGE_BOOTSTRAP_SERVERS", "TXSTAGE_KAFKA__SECURITY_PROTOCOL",
+                      "TXSTAGE_KAFKA__SASL_MECHANISM", "TXSTAGE_KAFKA__SASL_USERNAME",
+                      "TXSTAGE_KAFKA__SASL_PASSWORD", "TXSTAGE_KAFKA__SSL_CA_LOCATION")
+
+
+def test_backfill_is_exactly_once_over_sasl_ssl_with_only_its_documented_acls(
+        secured_stage: SecuredStage, spark: object, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], unique_name: Callable[[str], str],
+        tmp_path: Path) -> None:
+    setup, harness = secured_stage.setup, secured_stage.setup.bootstrap
+    secured_stage.produce(0, RECORDS)
+    prefix = unique_name("bf")
+    out = create_topic(harness, unique_name("bf-out"), partitions=4)
+    dlq = create_topic(harness, unique_name("bf-dlq"), partitions=1)
+    secured_stage.grant(backfill_grants(
+        input_topics=[setup.input_topic], output_topic=out, dlq_topic=dlq,
+        transactional_id_prefix=prefix, progress_topic=default_progress_topic(prefix)))
+    monkeypatch.chdir(tmp_path)
+    for name in _SECURITY_SETTINGS:
+        monkeypatch.setenv(name, setup.env[name])
+    monkeypatch.setenv("TXSTAGE_TRANSFORM", "service.examples.square:square")
+    monkeypatch.setenv("TXSTAGE_TRANSACTIONAL_ID_PREFIX", prefix)
+    for name in ("TXSTAGE_OUTPUT_TOPIC", "TXSTAGE_DLQ_TOPIC", "TXSTAGE_GROUP_ID"):
+        monkeypatch.delenv(name, raising=False)
+    backfill = Backfill(secured_stage.cluster.secure_bootstrap, capsys)
+
+    code, printed, err = backfill("--source", f"kafka://{setup.input_topic}",
+                                  "--sink", f"kafka://{out}", "--dlq-topic", dlq)
+
+    assert code == 0, printed + err
+    inputs = read_topics(harness, [setup.input_topic])
+    report = compare(read_topics(harness, [out, dlq]),
+                     expected_outputs(inputs, square, default_topic=out, dlq_topic=dlq))
+    assert report.ok, report.problems()
+    assert report.expected == report.found == RECORDS

@@ -5,7 +5,7 @@ from __future__ import annotations
 from confluent_kafka.admin._acl import AclOperation
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
-from service.acls import stage_grants
+from service.acls import backfill_grants, stage_grants
 
 
 def test_the_stage_needs_read_on_inputs_and_group_write_on_outputs_and_its_id_prefix() -> None:
@@ -31,3 +31,13 @@ def test_the_transactional_id_grant_is_one_prefixed_binding_and_one_command() ->
     assert grant.command("User:stage").endswith(
         "--allow-principal User:stage --operation WRITE --transactional-id 'g.'"
         " --resource-pattern-type prefixed")
+
+
+def test_the_backfill_shares_the_prefix_and_owns_its_progress_topic_and_reader_groups() -> None:
+    grants = backfill_grants(input_topics=["a"], output_topic="out", dlq_topic="dlq",
+                             transactional_id_prefix="bf", progress_topic="bf.backfill.progress")
+    assert [str(g) for g in grants] == [
+        "READ on topic `a`", "WRITE on topic `out`", "WRITE on topic `dlq`",
+        "WRITE on transactional-id prefix `bf.`", "READ on topic `bf.backfill.progress`",
+        "WRITE on topic `bf.backfill.progress`", "CREATE on topic `bf.backfill.progress`",
+        "DESCRIBE on group prefix `bf.backfill.`"]

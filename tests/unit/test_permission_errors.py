@@ -23,6 +23,8 @@ PRODUCER = Where("commit_transaction", "orders.in.3", "in", 3, 41)
      "READ on input topic `in`"),
     (KafkaError.TOPIC_AUTHORIZATION_FAILED, Where("describe_configs", topic="out"),
      "DESCRIBE_CONFIGS on topic `out`"),
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED, Where("create_topics", topic="progress"),
+     "CREATE on topic `progress`"),
     (KafkaError.CLUSTER_AUTHORIZATION_FAILED, Where("describe_configs"),
      "DESCRIBE_CONFIGS on the cluster"),
     (KafkaError.SASL_AUTHENTICATION_FAILED, Where("list_topics"), "authentication failed"),
