@@ -50,6 +50,12 @@ def _translated(exc: KafkaException, where: Where) -> KafkaOperationError:
     return error
 
 
+def _no_answer(where: Where) -> RetriableError:
+    """The cluster's failure to answer in time ("not now"), never a denial."""
+    return RetriableError(where, KafkaError(
+        KafkaError._TIMED_OUT, f"no answer within {_TIMEOUT_S} s", retriable=True))
+
+
 # Authorized operations the broker did not report (an old broker): checked at use.
 UNSAID = frozenset({"UNSAID"})
 
@@ -124,11 +130,13 @@ class Cluster:
             include_authorized_operations=True)
         found: dict[str, frozenset[str] | None] = {}
         for topic, future in futures.items():
+            where = Where("describe_topics", topic=topic)
             try:
                 description = future.result(timeout=_TIMEOUT_S + 1)
+            except TimeoutError as exc:
+                raise _no_answer(where) from exc
             except KafkaException as exc:
-                found[topic] = self._operations_denied(exc, Where("describe_topics",
-                                                                   topic=topic))
+                found[topic] = self._operations_denied(exc, where)
                 continue
             found[topic] = _names(description.authorized_operations)
         return found
@@ -139,10 +147,13 @@ class Cluster:
         [future] = self._admin.describe_consumer_groups(
             [group_id], request_timeout=_TIMEOUT_S,
             include_authorized_operations=True).values()
+        where = Where("describe_consumer_groups")
         try:
             description = future.result(timeout=_TIMEOUT_S + 1)
+        except TimeoutError as exc:
+            raise _no_answer(where) from exc
         except KafkaException as exc:
-            return self._operations_denied(exc, Where("describe_consumer_groups")) or frozenset()
+            return self._operations_denied(exc, where) or frozenset()
         return _names(description.authorized_operations)
 
     @staticmethod
@@ -253,8 +264,7 @@ class Cluster:
         try:
             entries = future.result(timeout=_TIMEOUT_S)
         except TimeoutError as exc:  # the cluster's failure, never the record's
-            raise RetriableError(where, KafkaError(
-                KafkaError._TIMED_OUT, f"no answer within {_TIMEOUT_S} s", retriable=True)) from exc
+            raise _no_answer(where) from exc
         except KafkaException as exc:
             if topic is not None and "UNKNOWN_TOPIC" in str(exc):
                 raise UnknownTopicError(f"topic {topic!r} does not exist") from exc
