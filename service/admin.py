@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
 from service.errors import (
+    DENIALS,
+    DeniedError,
     KafkaOperationError,
     RetriableError,
     TopicLimitPending,
@@ -18,6 +28,7 @@ from service.errors import (
     translate,
 )
 from service.kafka_config import Config
+from service.logs import librdkafka_logger
 
 _TIMEOUT_S = 15.0
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's producer default
@@ -39,6 +50,23 @@ def _translated(exc: KafkaException, where: Where) -> KafkaOperationError:
     return error
 
 
+def _no_answer(where: Where) -> RetriableError:
+    """The cluster's failure to answer in time ("not now"), never a denial."""
+    return RetriableError(where, KafkaError(
+        KafkaError._TIMED_OUT, f"no answer within {_TIMEOUT_S} s", retriable=True))
+
+
+# Authorized operations the broker did not report (an old broker): checked at use.
+UNSAID = frozenset({"UNSAID"})
+
+
+def _names(operations: object) -> frozenset[str]:
+    """AclOperation values as their names (UNSAID: the broker did not say)."""
+    if not isinstance(operations, (list, tuple, set, frozenset)):
+        return UNSAID
+    return frozenset(getattr(op, "name", str(op)) for op in operations)
+
+
 class UnknownTopicError(LookupError):
     """A transform routed an output to a topic that does not exist."""
 
@@ -51,16 +79,113 @@ class Cluster:
 
     def __init__(self, config: Config) -> None:
         self._config = config
-        self._admin = AdminClient(config)
+        self._denial: KafkaError | None = None
+        self._authenticated = False
+        with_callback: Config = {**config, "error_cb": self._on_error,
+                                 "logger": librdkafka_logger("admin")}
+        self._admin = AdminClient(with_callback)
         self._lock = threading.Lock()
         self._offset_readers: dict[tuple[str, bool], Consumer] = {}
         self._topic_configs: dict[str, dict[str, str]] = {}
 
-    def existing_topics(self) -> set[str]:
+    def _on_error(self, error: KafkaError) -> None:
+        if error.code() in DENIALS:  # a wrong password: requests time out, this says why
+            self._denial = error
+
+    def _authenticate(self) -> None:
+        """Until the cluster answers metadata. A refused login is known from error_cb
+        within a second, while a request waits out its whole time-out: ask in short
+        steps, so that a wrong password is an answer at once, not 15 s later."""
+        if self._authenticated:
+            return
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            try:
+                self._admin.list_topics(timeout=0.5)
+            except KafkaException as exc:
+                denied = self.denial()
+                if denied is not None:
+                    raise denied from exc
+                if time.monotonic() >= deadline:
+                    raise _translated(exc, Where("list_topics")) from exc
+                continue
+            self._authenticated = True
+            return
+
+    def denial(self) -> DeniedError | None:
+        """The broker refused this client's credentials (seen through error_cb)."""
+        self._admin.poll(0)  # serves error_cb
+        if self._denial is None:
+            return None
+        return DeniedError(Where("connect"), self._denial)
+
+    def topic_operations(self, topics: Sequence[str]) -> dict[str, frozenset[str] | None]:
+        """``topic -> the ACL operations this principal may perform on it`` (``READ``,
+        ``WRITE``, ...; empty: not even DESCRIBE), ``None`` for a topic that does not
+        exist. Kafka answers a topic one may not describe as unauthorized whether or
+        not it exists, so as not to tell."""
+        self._authenticate()
+        futures = self._admin.describe_topics(
+            TopicCollection(list(topics)), request_timeout=_TIMEOUT_S,
+            include_authorized_operations=True)
+        found: dict[str, frozenset[str] | None] = {}
+        for topic, future in futures.items():
+            where = Where("describe_topics", topic=topic)
+            try:
+                description = future.result(timeout=_TIMEOUT_S + 1)
+            except TimeoutError as exc:
+                raise _no_answer(where) from exc
+            except KafkaException as exc:
+                found[topic] = self._operations_denied(exc, where)
+                continue
+            found[topic] = _names(description.authorized_operations)
+        return found
+
+    def group_operations(self, group_id: str) -> frozenset[str]:
+        """The ACL operations this principal may perform on the consumer group (empty:
+        not even DESCRIBE). A group nobody joined yet is described too."""
+        [future] = self._admin.describe_consumer_groups(
+            [group_id], request_timeout=_TIMEOUT_S,
+            include_authorized_operations=True).values()
+        where = Where("describe_consumer_groups")
         try:
-            return set(self._admin.list_topics(timeout=_TIMEOUT_S).topics)
+            description = future.result(timeout=_TIMEOUT_S + 1)
+        except TimeoutError as exc:
+            raise _no_answer(where) from exc
         except KafkaException as exc:
-            raise _translated(exc, Where("list_topics")) from exc
+            return self._operations_denied(exc, where) or frozenset()
+        return _names(description.authorized_operations)
+
+    @staticmethod
+    def _operations_denied(exc: KafkaException, where: Where) -> frozenset[str] | None:
+        error = _translated(exc, where)
+        if error.code in DENIALS:
+            return frozenset()
+        if error.code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise error from exc
+
+    @staticmethod
+    def transactions_allowed(producer_config: Config) -> bool:
+        """Whether ``init_transactions`` of ``producer_config``'s transactional id is
+        allowed (WRITE on it). The id gets a producer id and an empty transaction state,
+        which Kafka expires after ``transactional.id.expiration.ms`` (7 days)."""
+        where = Where("init_transactions", producer_config.get("transactional.id"))
+        # Nothing is produced, so nothing to flush: a flush would only raise the
+        # producer's fatal error again.
+        producer = Producer({**producer_config, "logger": librdkafka_logger("check")})
+        try:
+            producer.init_transactions(_TIMEOUT_S)
+        except KafkaException as exc:
+            error = _translated(exc, where)
+            if error.code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+                return False
+            # The broker checks the transaction time-out only once the id is authorized;
+            # a time-out above its ceiling is a problem of its own (the checks name it).
+            if error.code == KafkaError.INVALID_TRANSACTION_TIMEOUT:
+                return True
+            raise error from exc
+        return True
 
     def committed_offset(self, group_id: str, topic: str, partition: int, *,
                          require_stable: bool = True, timeout_s: float = _TIMEOUT_S) -> int:
@@ -139,8 +264,7 @@ class Cluster:
         try:
             entries = future.result(timeout=_TIMEOUT_S)
         except TimeoutError as exc:  # the cluster's failure, never the record's
-            raise RetriableError(where, KafkaError(
-                KafkaError._TIMED_OUT, f"no answer within {_TIMEOUT_S} s", retriable=True)) from exc
+            raise _no_answer(where) from exc
         except KafkaException as exc:
             if topic is not None and "UNKNOWN_TOPIC" in str(exc):
                 raise UnknownTopicError(f"topic {topic!r} does not exist") from exc
@@ -190,6 +314,9 @@ class OutputLimits:
                 config = self.cluster.topic_config(topic)
             except UnknownTopicError:
                 self._unknown[topic] = time.monotonic() + self._unknown_ttl_s
+                return
+            except DeniedError:  # no DESCRIBE_CONFIGS: the producer's own limit
+                self._known[topic] = self._producer_max
                 return
             except RetriableError:
                 if time.monotonic() >= deadline:

@@ -12,6 +12,10 @@ Brokers (all real Apache Kafka, run by service/local_kafka; nothing is ever skip
   reached through a fault proxy (tests/harness/proxy.py): ``proxied_kafka.bootstrap``
   goes through it, ``proxied_kafka.direct_bootstrap`` past it, ``proxied_kafka.proxy``
   injects faults. Every fault is cleared and the proxy's log reset before each test.
+- ``secured_kafka``: a private 1-node cluster shared by a module with a SASL_SSL listener
+  (SCRAM-SHA-512, a CA made at start) and the StandardAuthorizer: clients under test use
+  ``secured_kafka.secure_bootstrap`` with ``secured_kafka.secured.client_config(...)``;
+  ``secured_kafka.bootstrap`` is the harness's plaintext super-user listener.
 
 Names: ``unique_name(prefix)``, ``group_id``, ``new_topic(partitions=3, config=None)``.
 Reading back: ``read_committed`` / ``read_uncommitted`` fixtures hand out the plain
@@ -52,10 +56,10 @@ def _started(config: pytest.Config, what: str, cluster: KafkaCluster) -> None:
 
 
 def _start(nodes: int, overrides: Mapping[str, str | int] | None = None, *,
-           proxied: bool = False) -> KafkaCluster:
+           proxied: bool = False, secured: bool = False) -> KafkaCluster:
     """A started cluster, or a test failure (never a skip) carrying the broker log tail."""
     try:
-        return KafkaCluster(nodes, overrides=overrides, proxied=proxied).start()
+        return KafkaCluster(nodes, overrides=overrides, proxied=proxied, secured=secured).start()
     except LocalKafkaError as exc:
         pytest.fail(f"could not start a {nodes}-node Kafka cluster:\n{exc}", pytrace=False)
 
@@ -121,6 +125,13 @@ def proxied_kafka(_proxied_kafka_for_module: ProxiedKafka) -> Iterator[ProxiedKa
     _proxied_kafka_for_module.proxy.reset()
     yield _proxied_kafka_for_module
     _proxied_kafka_for_module.proxy.clear()  # release whatever a failed test left held
+
+
+@pytest.fixture(scope="module")
+def secured_kafka(pytestconfig: pytest.Config) -> Iterator[KafkaCluster]:
+    with _start(1, secured=True) as cluster:
+        _started(pytestconfig, "secured_kafka", cluster)
+        yield cluster
 
 
 @pytest.fixture
@@ -189,7 +200,7 @@ def read_uncommitted() -> Callable[..., list[reading.ReadRecord]]:
 def _brokers_used(item: pytest.Item) -> list[tuple[str, KafkaService]]:
     used: list[tuple[str, KafkaService]] = []
     funcargs = getattr(item, "funcargs", {})
-    for name in ("kafka", "cluster3", "proxied_kafka"):
+    for name in ("kafka", "cluster3", "proxied_kafka", "secured_kafka"):
         service = funcargs.get(name)
         if service is not None:
             used.append((name, service))

@@ -9,6 +9,8 @@ Modules, each named for its job:
     jars.py         resolve and cache the jars once (``pom.xml``, ``log4j2.properties``
                     ship here as package data); ``KAFKA_VERSION``, ``install()``
     properties.py   ``server.properties`` of a node (``broker_properties``), Kafka uuids
+    security.py     a secured node: CA and broker certificate (keytool), SASL_SSL with
+                    SCRAM-SHA-512, the StandardAuthorizer; SCRAM users via the admin API
     node.py         one JVM: format, start, signal, stop, kill; its log; free ports
     readiness.py    ``wait_ready``: listed brokers, transactions and groups served
     cluster.py      ``KafkaCluster``: 1 or 3 nodes on free ports in a temp dir, with faults

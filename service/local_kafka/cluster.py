@@ -20,11 +20,14 @@ from functools import partial
 from pathlib import Path
 from types import TracebackType
 
+from confluent_kafka.admin import AdminClient
+
 from service.local_kafka.errors import KafkaStartError, LocalKafkaError
 from service.local_kafka.jars import install
 from service.local_kafka.node import Node, free_ports, tail_file, wait_for_start
 from service.local_kafka.properties import HOST, broker_properties, kafka_uuid, write_properties
 from service.local_kafka.readiness import run_parallel, wait_ready
+from service.local_kafka.security import ADMIN_USER, Secured, make_secured, upsert_scram_user
 
 _WORKDIR_PREFIX = "txstage-kafka-"
 _STALE_AFTER_SECONDS = 15 * 60
@@ -50,6 +53,12 @@ class KafkaCluster:
     the node's real address), so every client that bootstraps at :attr:`bootstrap` talks
     through that proxy; a second listener (``DIRECT``, also the inter-broker one) is
     reached past it at :attr:`direct_bootstrap`, for verifiers and admin calls.
+
+    ``secured=True``: each node also has a ``SASL_SSL`` listener (SCRAM-SHA-512, TLS with a
+    CA made at start) at :attr:`secure_bootstrap`, and the StandardAuthorizer allows only
+    what ACLs allow; :attr:`secured` has the CA and the super user's credentials (see
+    :mod:`service.local_kafka.security`). :attr:`bootstrap` stays the harness's own
+    plaintext listener.
     """
 
     def __init__(
@@ -60,11 +69,14 @@ class KafkaCluster:
         startup_timeout: float = 90.0,
         workdir: Path | None = None,
         proxied: bool = False,
+        secured: bool = False,
     ) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self.size = nodes
         self.proxied = proxied
+        self.secure = secured
+        self.secured: Secured | None = None
         self.overrides = dict(overrides or {})
         self.startup_timeout = startup_timeout
         self._parent = workdir
@@ -116,7 +128,7 @@ class KafkaCluster:
             _CLUSTERS.add(self)
         sweep_stale_workdirs(self._parent)
         self.workdir = Path(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX, dir=self._parent))
-        per_node = 4 if self.proxied else 2
+        per_node = 5
         ports = free_ports(per_node * self.size)
         controller_ports = {i: ports[per_node * i + 1] for i in range(self.size)}
         self.nodes = [
@@ -127,9 +139,12 @@ class KafkaCluster:
                 self.workdir / f"node-{i}",
                 advertised_port=ports[per_node * i + 2] if self.proxied else None,
                 direct_port=ports[per_node * i + 3] if self.proxied else None,
+                secure_port=ports[per_node * i + 4] if self.secure else None,
             )
             for i in range(self.size)
         ]
+        if self.secure:
+            self.secured = make_secured(self.workdir / "tls")
         self.cluster_id = kafka_uuid()
         for node in self.nodes:
             node.directory.mkdir(parents=True)
@@ -144,6 +159,8 @@ class KafkaCluster:
                     overrides=self.overrides,
                     direct_port=node.direct_port,
                     advertised_port=node.advertised_port,
+                    secure_port=node.secure_port,
+                    secure=self.secured.broker_overrides() if self.secured else None,
                 ),
             )
         quorum_args = self._quorum_args()
@@ -154,6 +171,9 @@ class KafkaCluster:
         starts = {node.node_id: (node, node.start(self.libs)) for node in self.nodes}
         wait_for_start(starts, deadline)
         self._wait_ready(deadline)
+        if self.secured is not None:
+            admin = AdminClient({"bootstrap.servers": self.bootstrap})
+            upsert_scram_user(admin, ADMIN_USER, self.secured.admin_password)
 
     def _quorum_args(self) -> list[str]:
         if self.size == 1:
@@ -198,6 +218,11 @@ class KafkaCluster:
     def direct_bootstrap(self) -> str:
         """Every node's address past any proxy (``bootstrap`` unless ``proxied``)."""
         return ",".join(node.direct_bootstrap for node in self.nodes)
+
+    @property
+    def secure_bootstrap(self) -> str:
+        """``secured``: every node's SASL_SSL listener, comma-separated."""
+        return ",".join(node.secure_bootstrap for node in self.nodes)
 
     @property
     def proxy_routes(self) -> dict[int, tuple[str, int]]:

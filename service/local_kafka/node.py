@@ -72,6 +72,8 @@ class Node:
     # Behind a proxy: clients are told ``advertised_port``; ``direct_port`` bypasses it.
     advertised_port: int | None = None
     direct_port: int | None = None
+    # Secured: the SASL_SSL listener's port.
+    secure_port: int | None = None
 
     @property
     def config(self) -> Path:
@@ -94,6 +96,13 @@ class Node:
     def direct_bootstrap(self) -> str:
         """The node itself, past any proxy."""
         return f"{HOST}:{self.direct_port or self.broker_port}"
+
+    @property
+    def secure_bootstrap(self) -> str:
+        """The node's SASL_SSL listener (a secured cluster's only)."""
+        if self.secure_port is None:
+            raise LocalKafkaError(f"node {self.node_id} has no SASL_SSL listener")
+        return f"{HOST}:{self.secure_port}"
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

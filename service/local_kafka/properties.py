@@ -28,6 +28,8 @@ def broker_properties(
     overrides: Mapping[str, str | int] | None = None,
     direct_port: int | None = None,
     advertised_port: int | None = None,
+    secure_port: int | None = None,
+    secure: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """``server.properties`` of one combined broker+controller node.
 
@@ -48,13 +50,17 @@ def broker_properties(
         listeners.append(f"DIRECT://{HOST}:{direct_port}")
         advertised.append(f"DIRECT://{HOST}:{direct_port}")
     direct = direct_port is not None
+    protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT" + (",DIRECT:PLAINTEXT" if direct else "")
+    if secure_port is not None:
+        listeners.append(f"SASL_SSL://{HOST}:{secure_port}")
+        advertised.append(f"SASL_SSL://{HOST}:{secure_port}")
+        protocols += ",SASL_SSL:SASL_SSL"
     props: dict[str, str | int] = {
         "process.roles": "broker,controller",
         "node.id": node_id,
         "listeners": ",".join([*listeners, f"CONTROLLER://{HOST}:{controller_port}"]),
         "advertised.listeners": ",".join(advertised),
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
-        + (",DIRECT:PLAINTEXT" if direct else ""),
+        "listener.security.protocol.map": protocols,
         "inter.broker.listener.name": "DIRECT" if direct else "PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
         "controller.quorum.bootstrap.servers": quorum,
@@ -94,6 +100,7 @@ def broker_properties(
         "broker.heartbeat.interval.ms": 500,
         "broker.session.timeout.ms": 3000,
     }
+    props.update(secure or {})
     props.update(overrides or {})
     return {key: str(value) for key, value in props.items()}
 

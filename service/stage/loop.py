@@ -30,6 +30,8 @@ from confluent_kafka import (
 
 from service.admin import OutputLimits
 from service.errors import (
+    DENIALS,
+    DeniedError,
     FatalError,
     KafkaOperationError,
     PoisonRecordError,
@@ -148,7 +150,7 @@ class Loop:
         for msg in messages:
             error = msg.error()
             if error is not None:
-                self._consume_error(error)
+                self._consume_error(error, msg.topic(), msg.partition())
                 continue
             partition = partitions.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
             if partition is None:
@@ -534,7 +536,10 @@ class Loop:
         if self.recorded:
             raise self.recorded[0]
 
-    def _consume_error(self, error: KafkaError) -> None:
+    def _consume_error(self, error: KafkaError, topic: str | None = None,
+                       partition: int | None = None) -> None:
+        if error.code() in DENIALS:  # a missing ACL never heals by itself
+            raise DeniedError(Where("consume", topic=topic, partition=partition), error)
         if error.fatal():
             raise FatalError(Where("consume"), error)
         log.warning("kafka.consume_error", code=error.name(), error=error.str())

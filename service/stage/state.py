@@ -30,13 +30,18 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TypeVar
 
+from confluent_kafka import KafkaError
+
 from service.delivery import REFUSALS, Failure
 from service.errors import (
+    DENIALS,
     AbortableError,
+    DeniedError,
     FencedError,
     KafkaOperationError,
     PoisonRecordError,
     RetriableError,
+    Where,
 )
 
 # --------------------------------------------------------------------------- the state
@@ -643,6 +648,9 @@ def _abort_done(state: PartitionState, event: AbortDone, policy: Policy) -> Step
         return _ignored(state)
     txn = state.txn
     failures = state.failures + event.failures
+    denied = _denied(state.abort_error, failures)
+    if denied is not None:  # sending again cannot help while the ACL is missing
+        return state, [Fail(denied)]
     cause = _cause(state.abort_error, failures)
     refusals = [f for f in failures if f.refusal]
     if state.abort_error is not None and state.abort_error.code in REFUSALS:
@@ -830,6 +838,17 @@ def _culprits(refusals: list[Failure], txn: Txn | None) -> set[int] | None:
 
 def _backoff(attempt: int, policy: Policy) -> float:
     return float(min(policy.retry_backoff_s * 2 ** (attempt - 1), policy.max_backoff_s))
+
+
+def _denied(error: KafkaOperationError | None,
+            failures: tuple[Failure, ...]) -> DeniedError | None:
+    """The broker refused the principal (an output's delivery or the call itself)."""
+    if isinstance(error, DeniedError):
+        return error
+    for failure in failures:
+        if failure.code in DENIALS:
+            return DeniedError(Where("produce"), KafkaError(failure.code, failure.message))
+    return None
 
 
 def _cause(error: KafkaOperationError | None, failures: tuple[Failure, ...]) -> str:

@@ -477,3 +477,14 @@ def test_group_moved_on_during_send_offsets_is_abortable_for_that_partition() ->
     other = translate(KafkaException(KafkaError(KafkaError.ILLEGAL_GENERATION, "x")),
                       Where("commit_offsets"))
     assert isinstance(other, KafkaOperationError) and not isinstance(other, AbortableError)
+
+
+def test_an_output_the_acls_deny_fails_the_replica_after_the_abort_naming_the_permission() -> None:
+    denied = refused_at(3, KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    state, actions = step(active(0, 5), sm.DeliveryFailed((denied,), 1.0))
+    assert kinds(actions)[-1] == "StartAbort"  # what is open is aborted first
+    state, actions = step(state, sm.AbortDone((), 1.1))
+    [fail] = actions
+    assert isinstance(fail, sm.Fail)
+    assert str(fail.error).startswith(
+        "permission denied: WRITE on an output or dead-letter topic")

@@ -34,12 +34,21 @@ class _Flaky:
     def __init__(self, failures: int) -> None:
         self.failures = failures
 
-    def existing_topics(self) -> set[str]:
+    def topic_operations(self, topics: list[str]) -> dict[str, frozenset[str] | None]:
         if self.failures:
             self.failures -= 1
-            raise RetriableError(Where("list_topics"), KafkaError(
+            raise RetriableError(Where("describe_topics"), KafkaError(
                 KafkaError._ALL_BROKERS_DOWN, "down", retriable=True))
-        return {"in", "out"}
+        return {"in": frozenset({"READ"}), "out": frozenset({"WRITE"})}
+
+    def denial(self) -> None:
+        return None
+
+    def group_operations(self, group_id: str) -> frozenset[str]:
+        return frozenset({"READ"})
+
+    def transactions_allowed(self, config: dict[str, object]) -> bool:
+        return True
 
     def broker_config(self) -> dict[str, str]:
         return {"transaction.max.timeout.ms": "900000"}
@@ -57,3 +66,42 @@ def test_start_up_waits_for_a_cluster_that_answers_not_now() -> None:
 def test_start_up_gives_up_with_a_config_error_once_the_wait_is_over() -> None:
     with pytest.raises(ConfigError, match="cannot query the cluster"):
         check_cluster(SETTINGS, _Flaky(failures=100), wait_s=0)  # type: ignore[arg-type]
+
+
+class _Restricted(_Flaky):
+    """A cluster whose ACLs allow the principal only what ``operations`` says."""
+
+    def __init__(self, topics: dict[str, frozenset[str] | None], group: frozenset[str],
+                 transactions: bool) -> None:
+        super().__init__(failures=0)
+        self.topics, self.group, self.transactions = topics, group, transactions
+
+    def topic_operations(self, topics: list[str]) -> dict[str, frozenset[str] | None]:
+        return {topic: self.topics.get(topic) for topic in topics}
+
+    def group_operations(self, group_id: str) -> frozenset[str]:
+        return self.group
+
+    def transactions_allowed(self, config: dict[str, object]) -> bool:
+        return self.transactions
+
+
+def test_every_missing_permission_is_one_line_naming_operation_and_resource() -> None:
+    cluster = _Restricted({"in": frozenset({"DESCRIBE"}), "out": frozenset()},
+                          group=frozenset({"DESCRIBE"}), transactions=False)
+    with pytest.raises(ConfigError) as raised:
+        check_cluster(SETTINGS, cluster, wait_s=0)  # type: ignore[arg-type]
+    assert raised.value.problems == (
+        "missing permission: READ on topic `in` (TXSTAGE_INPUT_TOPICS)",
+        "missing permission: WRITE on topic `out` (TXSTAGE_OUTPUT_TOPIC)",
+        "missing permission: READ on group `g` (TXSTAGE_GROUP_ID)",
+        "missing permission: WRITE on transactional id prefix `g.` "
+        "(PREFIXED; the ids are g.<topic>.<partition>)")
+
+
+def test_a_topic_that_does_not_exist_is_said_so_not_called_a_permission() -> None:
+    cluster = _Restricted({"in": frozenset({"READ"}), "out": None},
+                          group=frozenset({"READ"}), transactions=True)
+    with pytest.raises(ConfigError) as raised:
+        check_cluster(SETTINGS, cluster, wait_s=0)  # type: ignore[arg-type]
+    assert raised.value.problems == ("TXSTAGE_OUTPUT_TOPIC: topic 'out' does not exist",)
