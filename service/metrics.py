@@ -22,6 +22,10 @@ LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
 SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+# End to end: a commit interval and a commit make the floor; a backlog reaches minutes.
+END_TO_END_BUCKETS = (
+    0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+)
 
 ABORT_REASONS = (
     "abortable_error",  # librdkafka said txn_requires_abort (e.g. a failed delivery)
@@ -82,6 +86,13 @@ class Metrics:
             "txstage_transaction_commit_seconds",
             "Commit latency of one transaction: send_offsets_to_transaction + commit_transaction",
             buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self.end_to_end_seconds = Histogram(
+            "txstage_end_to_end_seconds",
+            "Exactly-once: input record timestamp to its transaction's commit (outputs "
+            "visible to read_committed readers), for the first and the last input record "
+            "of each committed transaction",
+            ["record"], buckets=END_TO_END_BUCKETS, registry=registry,
         )
         self.committed = Counter(
             "txstage_transactions_committed",
@@ -169,6 +180,8 @@ class Metrics:
             self.aborted.labels(reason=reason)
         for kind in REBALANCE_KINDS:
             self.rebalances.labels(kind=kind)
+        for record in ("first", "last"):
+            self.end_to_end_seconds.labels(record=record)
 
     def describe_build(self, guarantee: str, group_id: str) -> None:
         self.info.info({"version": __version__, "guarantee": guarantee, "group_id": group_id})

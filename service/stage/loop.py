@@ -228,6 +228,8 @@ class Loop:
             return False
         if not partition.batch_records:
             partition.batch_first, partition.batch_since = offset, now
+            partition.batch_first_ts = record.timestamp
+        partition.batch_last_ts = record.timestamp
         partition.batch_next = partition.position = offset + 1
         partition.batch_records += 1
         produced = self._produced
@@ -257,7 +259,7 @@ class Loop:
 
     def _tell_written(self, partition: Partition) -> None:
         event = sm.Wrote(partition.batch_first, partition.batch_next, partition.batch_records,
-                         partition.batch_since)
+                         partition.batch_since, partition.batch_first_ts, partition.batch_last_ts)
         partition.batch_records = 0
         partition.state, _ = sm.transition(partition.state, event, self.policy)
 
@@ -326,6 +328,16 @@ class Loop:
                 raise error
             case _:
                 self._report(partition, action)
+
+    def _end_to_end(self, txn: sm.Txn) -> None:
+        """A committed transaction's outputs are visible to read_committed readers now:
+        how long after its first and its last input record were appended (by their
+        timestamps: the producer's clock for CreateTime, the broker's for LogAppendTime)."""
+        now_ms = time.time() * 1000
+        for label, stamp in (("first", txn.first_ts_ms), ("last", txn.last_ts_ms)):
+            if stamp >= 0:
+                self.metrics.end_to_end_seconds.labels(record=label).observe(
+                    max(now_ms - stamp, 0.0) / 1000)
 
     def _group_metadata(self) -> Callable[[], object]:
         """The consumer's group metadata, taken now, on the loop thread: the
@@ -401,6 +413,7 @@ class Loop:
             case sm.Committed(txn, seconds):
                 if seconds >= 0:  # at-least-once seals a window: its offsets commit later
                     self.metrics.commit_seconds.observe(seconds)
+                    self._end_to_end(txn)
                 self.metrics.committed.inc()
                 self.metrics.records_per_transaction.observe(txn.records)
                 self.metrics.last_commit.set_to_current_time()

@@ -19,6 +19,8 @@ class Partition:
     __slots__ = (
         "_state",
         "batch_first",
+        "batch_first_ts",
+        "batch_last_ts",
         "batch_next",
         "batch_records",
         "batch_since",
@@ -45,6 +47,7 @@ class Partition:
         self.position = -1                # next offset expected; older ones are stale fetches
         self.batch_first = self.batch_next = self.batch_records = 0  # written, not yet told
         self.batch_since = 0.0
+        self.batch_first_ts = self.batch_last_ts = -1  # its first and last record's timestamps
         self.releasing = False            # revoked, lost or stopping: start nothing new
         # Released while a job ran: what to do (close its producer) once it ends.
         self.on_abandon: Callable[[], object] | None = None

@@ -79,6 +79,8 @@ class Txn:
     next: int         # last processed input offset + 1: what a commit sends
     records: int
     opened_at: float  # time.monotonic()
+    first_ts_ms: int = -1  # the first and last input record's timestamps (-1: none)
+    last_ts_ms: int = -1
 
     @property
     def last(self) -> int:
@@ -191,6 +193,8 @@ class Wrote:
     next: int
     records: int
     now: float
+    first_ts_ms: int = -1  # the batch's first and last record's timestamps
+    last_ts_ms: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -495,9 +499,11 @@ def _wrote(state: PartitionState, event: Wrote, policy: Policy) -> Step:
         return _ignored(state)
     txn = state.txn
     if txn is None:
-        txn = Txn(event.first, event.next, event.records, event.now)
+        txn = Txn(event.first, event.next, event.records, event.now, event.first_ts_ms,
+                  event.last_ts_ms)
     else:
-        txn = replace(txn, next=event.next, records=txn.records + event.records)
+        txn = replace(txn, next=event.next, records=txn.records + event.records,
+                      last_ts_ms=event.last_ts_ms)
     return replace(state, txn=txn), []
 
 

@@ -38,6 +38,10 @@ def test_counters_match_what_was_sent_and_read(stage: StageSetup) -> None:
     committed = get("txstage_transactions_committed_total")
     assert committed > 0
     assert get("txstage_transaction_commit_seconds_count") == committed
+    for record in ("first", "last"):  # one observation each per committed transaction
+        assert get("txstage_end_to_end_seconds_count", record=record) == committed
+        # the inputs were produced just before: seconds, not a clock's epoch
+        assert 0 < get("txstage_end_to_end_seconds_sum", record=record) / committed < 60
     assert get("txstage_records_per_transaction_count") == committed
     assert get("txstage_records_per_transaction_sum") == sent
     assert get("txstage_pinned_producers") == PARTITIONS

@@ -233,6 +233,7 @@ def test_dashboard_shows_what_the_operator_needs() -> None:
     assert shown(r"by \(kind\) \(increase\(txstage_rebalances_total")
     assert shown(r"txstage_records_dead_lettered_total")
     assert shown(r"txstage_oldest_open_transaction_seconds")
+    assert shown(r"histogram_quantile\(0.99, .*txstage_end_to_end_seconds_bucket")
 
 
 def test_grafana_provisioning_matches_the_compose_mounts() -> None:

@@ -97,6 +97,17 @@ def test_records_open_a_transaction_that_commits_when_due() -> None:
     assert kinds(actions) == ["Committed", "DrainHeld"]
 
 
+def test_a_transaction_keeps_its_first_and_last_input_timestamps_for_end_to_end_latency(
+        ) -> None:
+    state, _ = step(active(10), sm.Wrote(10, 15, 5, 1.0, 1_000, 1_400),
+                    sm.Wrote(15, 20, 5, 1.05, 1_500, 1_900))
+    assert state.txn is not None
+    assert (state.txn.first_ts_ms, state.txn.last_ts_ms) == (1_000, 1_900)
+    _, actions = step(state, sm.CommitDue(1.1), sm.CommitDone(0.02, 1.2))
+    [committed] = [a for a in actions if isinstance(a, sm.Committed)]
+    assert (committed.txn.first_ts_ms, committed.txn.last_ts_ms) == (1_000, 1_900)
+
+
 def test_a_slow_commit_with_too_many_held_records_pauses_until_it_ends() -> None:
     state, _ = step(active(0, 5), sm.CommitDue(1.0))
     state, actions = step(state, sm.BacklogFull())
