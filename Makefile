@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 CHAOS_ARGS ?=
 
-.PHONY: install test unit integration lint kafka-up kafka-down demo bench chaos clean
+.PHONY: install test unit integration lint kafka-up kafka-down demo bench bench-latency chaos clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ demo: install
 
 bench: install
 	$(PY) -m bench.throughput $(BENCH_ARGS)
+
+# End-to-end latency at a fixed input rate, e.g. make bench-latency LATENCY_ARGS="--rate 28000"
+bench-latency: install
+	$(PY) -m bench.latency $(LATENCY_ARGS)
 
 # A chaos campaign (tests/chaos/campaign.py), e.g.
 # make chaos CHAOS_ARGS="--seed 7 --duration 300 --nodes 3 --group-protocol consumer"

@@ -207,14 +207,17 @@ class Histogram:
 EMPTY_HISTOGRAM = Histogram((), 0.0, 0.0)
 
 
-def histogram(text: str, name: str) -> Histogram:
-    """The unlabelled histogram ``name`` in a /metrics page (empty if absent)."""
+def histogram(text: str, name: str, **labels: str) -> Histogram:
+    """The histogram ``name`` in a /metrics page (empty if absent); with ``labels``, the
+    series with those label values."""
     for family in text_string_to_metric_families(text):
         if family.name != name or family.type != "histogram":
             continue
         buckets: list[tuple[float, float]] = []
         total = count = 0.0
         for sample in family.samples:
+            if any(sample.labels.get(k) != v for k, v in labels.items()):
+                continue
             if sample.name == f"{name}_bucket":
                 buckets.append((float(sample.labels["le"]), float(sample.value)))
             elif sample.name == f"{name}_sum":
