@@ -15,6 +15,13 @@ first fetches), the rate the feeder achieved, and the stage's own
 ``txstage_end_to_end_seconds`` quantiles scraped at the end (histogram buckets, so
 coarse). Everything runs on this machine: feeder, stage, reader and broker share its
 cores.
+
+Fail-over: ``--replicas 2 --kill-after 10`` runs two replicas and SIGKILLs the first
+10 s into the feed. A record fed to one of its partitions right after the kill waits
+until another replica owns the partition (the group notices the dead member after the
+session timeout; the new owner's ``init_transactions`` fences the dead producer and
+aborts its open transaction) and commits it; the largest latency of the records fed
+after the kill is that fail-over time, as a downstream consumer sees it.
 """
 
 from __future__ import annotations
@@ -57,9 +64,12 @@ def feed(bootstrap: str, topic: str, rate: int, seconds: float, value_bytes: int
     return sent, time.monotonic() - started
 
 
+Reading = tuple[float, float, float]  # (read at: monotonic, latency s, stamp: wall-clock s)
+
+
 def read_latencies(bootstrap: str, topic: str, expected: threading.Event, total: list[int],
-                   latencies: list[tuple[float, float]], timeout_s: float) -> None:
-    """(read at, latency s) of every output, until ``total[0]`` were read after
+                   latencies: list[Reading], timeout_s: float) -> None:
+    """(read at, latency, stamp) of every output, until ``total[0]`` were read after
     ``expected`` is set, or ``timeout_s`` passed."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"latency-{uuid.uuid4()}",
                          "isolation.level": "read_committed", "auto.offset.reset": "earliest",
@@ -74,9 +84,8 @@ def read_latencies(bootstrap: str, topic: str, expected: threading.Event, total:
                 if msg.error() is not None:
                     continue
                 now = time.time_ns()
-                value = msg.value() or b""
-                latencies.append((time.monotonic(),
-                                  (now - int(value[:STAMP_DIGITS])) / 1e9))
+                stamp = int((msg.value() or b"")[:STAMP_DIGITS])
+                latencies.append((time.monotonic(), (now - stamp) / 1e9, stamp / 1e9))
     finally:
         consumer.close()
 
@@ -86,7 +95,25 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _replica(args: argparse.Namespace, bootstrap: str, run_id: str, topic: str, output: str,
+             number: int, log_dir: Path) -> StageProcess:
+    port = free_port()
+    settings = {
+        "TXSTAGE_BOOTSTRAP_SERVERS": bootstrap, "TXSTAGE_GROUP_ID": f"latency-{run_id}",
+        "TXSTAGE_INPUT_TOPICS": topic, "TXSTAGE_OUTPUT_TOPIC": output,
+        "TXSTAGE_TRANSFORM": "bench.transforms:identity",
+        "TXSTAGE_COMMIT_INTERVAL_MS": str(args.commit_interval_ms),
+        "TXSTAGE_LOG_FORMAT": "json", "TXSTAGE_METRICS_HOST": "127.0.0.1",
+        "TXSTAGE_METRICS_PORT": str(port), "TXSTAGE_GUARANTEE": "exactly_once",
+        "TXSTAGE_GROUP_PROTOCOL": args.group_protocol,
+    }
+    if args.group_protocol == "classic":
+        settings["TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS"] = str(args.session_timeout_ms)
+    return StageProcess(f"replica-{number}", stage_env(settings),
+                        log_dir / f"replica-{number}.log", port).start()
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.latency", description=__doc__)
     parser.add_argument("--rate", type=int, default=20_000, help="input records per second")
     parser.add_argument("--seconds", type=float, default=30.0)
@@ -95,48 +122,69 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--commit-interval-ms", type=int, default=100)
     parser.add_argument("--skip-s", type=float, default=3.0, help="warm-up left out")
     parser.add_argument("--bootstrap", default=None, help="an existing broker (default: start one)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--kill-after", type=float, default=None, metavar="S",
+                        help="SIGKILL the first replica S seconds into the feed")
+    parser.add_argument("--group-protocol", choices=("classic", "consumer"), default="classic")
+    parser.add_argument("--session-timeout-ms", type=int, default=10_000,
+                        help="classic protocol (the consumer protocol's is the broker's: 6 s)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     run_id = uuid.uuid4().hex[:6]
     log_dir = Path(tempfile.mkdtemp(prefix=f"txstage-latency-{run_id}-"))
+    killed_at: list[float] = []  # wall-clock seconds
+    total: list[int] = [0]
+    latencies: list[Reading] = []
     with broker(args.bootstrap, print) as bootstrap:
         topic, output = f"latency-{run_id}-in", f"latency-{run_id}-out"
         ensure_topics(bootstrap, {topic: args.partitions, output: args.partitions})
-        port = free_port()
-        settings = {
-            "TXSTAGE_BOOTSTRAP_SERVERS": bootstrap, "TXSTAGE_GROUP_ID": f"latency-{run_id}",
-            "TXSTAGE_INPUT_TOPICS": topic, "TXSTAGE_OUTPUT_TOPIC": output,
-            "TXSTAGE_TRANSFORM": "bench.transforms:identity",
-            "TXSTAGE_COMMIT_INTERVAL_MS": str(args.commit_interval_ms),
-            "TXSTAGE_LOG_FORMAT": "json", "TXSTAGE_METRICS_HOST": "127.0.0.1",
-            "TXSTAGE_METRICS_PORT": str(port), "TXSTAGE_GUARANTEE": "exactly_once",
-        }
-        stage = StageProcess("exactly_once", stage_env(settings), log_dir / "stage.log",
-                             port).start()
+        replicas = [_replica(args, bootstrap, run_id, topic, output, number, log_dir)
+                    for number in range(args.replicas)]
+
+        def kill_first() -> None:
+            killed_at.append(time.time())
+            replicas[0].kill()
+        killer = threading.Timer(args.kill_after or 0.0, kill_first)
         try:
-            stage.wait_ready(60)
-            expected, stop = threading.Event(), threading.Event()
-            total: list[int] = [0]
-            latencies: list[tuple[float, float]] = []
+            for replica in replicas:
+                replica.wait_ready(60)
+            if args.replicas > 1:
+                time.sleep(3.0)  # the group settles on its assignment
+            expected = threading.Event()
             reader = threading.Thread(target=read_latencies, daemon=True, args=(
                 bootstrap, output, expected, total, latencies, args.seconds + 120))
             reader.start()
-            sent, took = feed(bootstrap, topic, args.rate, args.seconds, args.value_bytes, stop)
+            if args.kill_after is not None:
+                killer.start()
+            sent, took = feed(bootstrap, topic, args.rate, args.seconds, args.value_bytes,
+                              threading.Event())
             total[0] = sent
             expected.set()
             reader.join(args.seconds + 130)
-            scraped = stage.metrics()
+            scraped = replicas[-1].metrics()
         finally:
-            code = stage.terminate()
+            killer.cancel()
+            codes = [replica.terminate() for replica in replicas[1 if killed_at else 0:]]
+    return report(args, run_id, log_dir, codes, latencies, sent, took, killed_at, scraped)
+
+
+def report(args: argparse.Namespace, run_id: str, log_dir: Path, codes: list[int],
+           latencies: list[Reading], sent: int, took: float, killed_at: list[float],
+           scraped: str) -> int:
+    print(f"txstage latency {run_id}: {args.partitions} partitions, {args.replicas} "
+          f"replica(s), {args.group_protocol} protocol, {args.value_bytes} B values, "
+          f"commit interval {args.commit_interval_ms} ms; exit codes {codes}; "
+          f"logs in {log_dir}")
     if not latencies:
-        print(f"no output read; stage log: {log_dir / 'stage.log'}")
+        print("no output read")
         return 1
-    first_read = latencies[0][0]
-    steady = [latency for at, latency in latencies if at - first_read >= args.skip_s]
-    print(f"txstage latency {run_id}: {args.partitions} partitions, "
-          f"{args.value_bytes} B values, commit interval {args.commit_interval_ms} ms; "
-          f"stage exit {code}; logs in {log_dir}")
     print(f"fed {sent:,} records in {took:.1f} s = {sent / took:,.0f} rec/s "
           f"(asked {args.rate:,}); read {len(latencies):,} outputs")
+    first_read = latencies[0][0]
+    steady = [latency for at, latency, _ in latencies if at - first_read >= args.skip_s]
     print(f"end to end (input append -> output read, read_committed), "
           f"{len(steady):,} outputs after the first {args.skip_s:.0f} s:")
     figures = {"p50": quantile(steady, 0.5), "p90": quantile(steady, 0.9),
@@ -144,6 +192,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                "mean": statistics.fmean(steady)}
     print("  " + "   ".join(f"{name} {seconds * 1000:7.1f} ms"
                             for name, seconds in figures.items()))
+    if killed_at:
+        session = (args.session_timeout_ms / 1000 if args.group_protocol == "classic"
+                   else 6.0)
+        after = [latency for _, latency, stamp in latencies if stamp >= killed_at[0]]
+        print(f"fail-over after the SIGKILL: the largest latency of a record fed after it "
+              f"{max(after, default=0.0):.2f} s (session timeout {session:.0f} s)")
     for record in ("first", "last"):
         h = histogram(scraped, "txstage_end_to_end_seconds", record=record)
         p50, p99 = h.quantile(0.5), h.quantile(0.99)
@@ -154,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     complete = len(latencies) >= sent
     if not complete:
         print(f"only {len(latencies):,} of {sent:,} outputs were read")
-    return 0 if complete and code == 0 else 1
+    return 0 if complete and all(code == 0 for code in codes) else 1
 
 
 if __name__ == "__main__":
