@@ -12,7 +12,8 @@ with what the transform makes of the committed input:
   watermark of every output partition (a hanging transaction holds the last
   stable offset below it)
 
-Used by the test suite and by ``txstage verify``.
+Used by the test suite, the chaos campaign, the benchmarks and ``txstage backfill verify``
+(``service/backfill/parity.py``).
 """
 
 from __future__ import annotations
