@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 CHAOS_ARGS ?=
 
-.PHONY: install test unit integration lint kafka-up kafka-down demo bench bench-latency chaos clean
+.PHONY: install test unit integration lint kafka-up kafka-down demo bench bench-latency chaos image image-test clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,20 @@ bench-latency: install
 chaos: install
 	$(PY) -m service kafka install
 	$(PY) -m tests.chaos.campaign $(CHAOS_ARGS)
+
+# Container images with docker if a Docker daemon answers, else podman (installed and
+# configured by deploy/images/podman-setup.sh): txstage:dev and txstage-backfill:dev.
+image:
+	bash deploy/images/build.sh
+
+# Builds the images (and the broker/Prometheus stand-ins compose needs when no registry
+# is reachable) and tests them: tests/image, the stage and backfill tests in a network
+# namespace with loopback only, the compose run beside them. Needs root (netns).
+image-test: install
+	$(PY) -m service kafka install
+	PY=$(PY) bash deploy/images/build.sh stand-ins
+	bash deploy/images/offline.sh $(PY) -m pytest tests/image --ignore=tests/image/test_compose.py $(PYTEST_ARGS)
+	$(PY) -m pytest tests/image/test_compose.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,8 @@
 """Spark's Kafka connector, resolved with Maven once and cached for offline runs.
 
-``ensure_jars()`` runs ``deploy/spark/pom.xml`` for the installed ``pyspark.__version__``
-into ``$TXSTAGE_CACHE_DIR/spark-<version>/jars`` (default ``~/.cache/txstage``).
+``ensure_jars()`` runs ``pom.xml`` (beside this module, so the wheel ships it) for the
+installed ``pyspark.__version__`` into ``$TXSTAGE_CACHE_DIR/spark-<version>/jars``
+(default ``~/.cache/txstage``; the backfill image resolves it at build time).
 Idempotent (a marker holds the hash of the POM and the version) and atomic (Maven copies
 into a staging dir renamed into place, under a file lock), so once cached nothing
 touches the network. Jars PySpark already ships are dropped: Spark's own copy wins anyway.
@@ -23,7 +24,7 @@ from service.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-POM = Path(__file__).resolve().parents[2] / "deploy" / "spark" / "pom.xml"
+POM = Path(__file__).resolve().with_name("pom.xml")
 CONNECTOR = "spark-sql-kafka-0-10_2.13"
 TOKEN_PROVIDER = "spark-token-provider-kafka-0-10_2.13"
 _VERSION_SUFFIX = re.compile(r"-\d[\w.+-]*\.jar$")
