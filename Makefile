@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 CHAOS_ARGS ?=
 
-.PHONY: install test unit integration lint kafka-up kafka-down demo bench bench-latency chaos image image-test clean
+.PHONY: install test unit integration lint kafka-up kafka-down demo bench bench-latency chaos image image-test bench-tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ bench: install
 # End-to-end latency at a fixed input rate, e.g. make bench-latency LATENCY_ARGS="--rate 28000"
 bench-latency: install
 	$(PY) -m bench.latency $(LATENCY_ARGS)
+
+# txstage audit and txstage redrive rates, e.g. make bench-tools TOOLS_ARGS="--records 500000"
+bench-tools: install
+	$(PY) -m bench.operator_tools $(TOOLS_ARGS)
 
 # A chaos campaign (tests/chaos/campaign.py), e.g.
 # make chaos CHAOS_ARGS="--seed 7 --duration 300 --nodes 3 --group-protocol consumer"

@@ -77,3 +77,30 @@ def backfill_grants(*, input_topics: Sequence[str], output_topic: str, dlq_topic
     grants.append(Grant("DESCRIBE", "group", f"{transactional_id_prefix}.backfill.",
                         prefixed=True))
     return grants
+
+
+def audit_grants(*, input_topics: Sequence[str], group_id: str,
+                 output_topics: Sequence[str]) -> list[Grant]:
+    """``txstage audit``, read-only: READ on every input, output and dead-letter topic and
+    DESCRIBE on the stage's group (its committed offsets). Its readers name a group
+    ``<group>.audit`` they never join: that needs no ACL (tested without one)."""
+    grants = [Grant("READ", "topic", topic) for topic in (*input_topics, *output_topics)]
+    grants.append(Grant("DESCRIBE", "group", group_id))
+    return grants
+
+
+def redrive_grants(*, dlq_topic: str, output_topics: Sequence[str],
+                   transactional_id_prefix: str) -> list[Grant]:
+    """``txstage redrive``: READ on the dead-letter topic, WRITE on the output topics and
+    on the DLQ (letters that fail again), WRITE on its transactional id
+    ``<prefix>.redrive.<dlq>`` (under the stage's PREFIXED grant ``<prefix>.``), and READ,
+    WRITE and CREATE on its progress topic ``<prefix>.redrive.progress``. (Its readers
+    name a group ``<prefix>.redrive`` they never join: no ACL, as for the audit.)"""
+    progress = f"{transactional_id_prefix}.redrive.progress"
+    grants = [Grant("READ", "topic", dlq_topic)]
+    grants += [Grant("WRITE", "topic", topic) for topic in dict.fromkeys([*output_topics,
+                                                                          dlq_topic])]
+    grants.append(Grant("WRITE", "transactional-id", f"{transactional_id_prefix}.",
+                        prefixed=True))
+    grants += [Grant(op, "topic", progress) for op in ("READ", "WRITE", "CREATE")]
+    return grants

@@ -1,4 +1,4 @@
-"""The ``txstage`` command: run, check-config, backfill, kafka.
+"""The ``txstage`` command: run, check-config, audit, redrive, backfill, kafka.
 
 Exit codes: 0 done (or stopped by a signal), 1 a fatal runtime error,
 2 bad settings or arguments, 3 a poison record and no dead-letter topic.
@@ -26,6 +26,7 @@ from service.errors import ConfigError, PoisonRecordError
 from service.health import Health, publish_readiness, serve
 from service.kafka_config import admin_config
 from service.logs import configure_logging
+from service.lso_watch import LsoWatch
 from service.metrics import Metrics
 from service.settings import Settings, load_settings
 from service.stage import Stage
@@ -46,6 +47,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from service.backfill import main as backfill_main  # Spark only when asked for
 
         return int(backfill_main(args[1:]))
+    if args and args[0] == "audit":
+        from service.audit.cli import main as audit_main  # its own exit codes
+
+        return audit_main(args[1:])
+    if args and args[0] == "redrive":
+        from service.redrive.cli import main as redrive_main  # its own exit codes
+
+        return redrive_main(args[1:])
     if args and args[0] == "kafka":
         from service.local_kafka.cli import main as kafka_main  # its own exit codes
 
@@ -54,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("run", help="run the stage (settings from TXSTAGE_* variables)")
     commands.add_parser("check-config", help="validate settings against the cluster, then exit")
+    commands.add_parser("audit", help="check a running pipeline's exactly-once by lineage")
+    commands.add_parser("redrive", help="reprocess dead letters through the current transform")
     commands.add_parser("backfill", help="reprocess history on PySpark (see docs/backfill.md)")
     commands.add_parser("kafka", help="a local Kafka broker: install|up|down|status")
     command = parser.parse_args(args).command
@@ -107,6 +118,12 @@ def _run(settings: Settings) -> int:
     limits = OutputLimits(cluster, producer_max_bytes(settings), blocking=False)
     stage = Stage(settings, transform, metrics, health, limits,
                   session_timeout_s=session_timeout_s(settings, cluster))
+    if settings.lso_check_interval_s:
+        LsoWatch(admin_config(settings),
+                 {"input": settings.input_topics,
+                  "output": [settings.output_topic, *filter(None, [settings.dlq_topic])]},
+                 metrics.lso_lag, metrics.lso_stuck,
+                 interval_s=settings.lso_check_interval_s).start()
     _install_signal_handlers(stage)
     log.info("metrics.serving", port=server.port, paths=["/metrics", "/healthz", "/readyz"])
     code = EXIT_OK

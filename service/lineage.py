@@ -14,6 +14,10 @@ from service.records import Headers
 
 SRC = "txstage.src"
 IDX = "txstage.idx"
+# Marks of `txstage redrive` (service/redrive): on an output, the dead letter it replaces
+# (``<dlq topic>/<partition>/<offset>``); on a letter written again, its attempt number.
+REDRIVEN = "txstage.redriven"
+REDRIVE_ATTEMPT = "txstage.redrive.attempt"
 
 
 class Lineage(NamedTuple):

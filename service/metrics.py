@@ -15,6 +15,7 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from service import __version__
+from service.txn_states import TransactionStates
 
 # 1 ms .. 10 s, roughly x2 apart: resolves both a healthy sub-10 ms commit and a
 # stalled coordinator.
@@ -173,6 +174,20 @@ class Metrics:
             "The producers' transaction.timeout.ms, in seconds: the limit for open transactions",
             registry=registry,
         )
+        # service/lso_watch.py: an open (or hanging) transaction holds the LSO back.
+        self.lso_lag = Gauge(
+            "txstage_lso_lag_records",
+            "High watermark minus last stable offset, per input and output partition",
+            ["role", "topic", "partition"], registry=registry,
+        )
+        self.lso_stuck = Gauge(
+            "txstage_lso_stuck_seconds",
+            "How long the last stable offset has stayed below the high watermark without "
+            "moving (an open transaction that long), per input and output partition",
+            ["role", "topic", "partition"], registry=registry,
+        )
+        self.transaction_states = TransactionStates()  # service/txn_states.py
+        registry.register(self.transaction_states)
         # librdkafka's default until the stage reports its configured value, so the
         # "oldest open transaction" alert compares against something real from the start.
         self.transaction_timeout.set(LIBRDKAFKA_TRANSACTION_TIMEOUT_S)

@@ -4,6 +4,9 @@ librdkafka properties pass through as ``TXSTAGE_KAFKA__<property>`` (both client
 ``TXSTAGE_CONSUMER__<property>`` or ``TXSTAGE_PRODUCER__<property>``; underscores
 in the property part stand for dots, so ``TXSTAGE_KAFKA__SASL_PASSWORD`` is
 ``sasl.password``. Pass-through values are secrets: never logged, never shown.
+``TXSTAGE_KAFKA_FILE__<property>`` (and ``TXSTAGE_CONSUMER_FILE__``,
+``TXSTAGE_PRODUCER_FILE__``) names a file holding the value instead, e.g. a mounted
+Secret: ``TXSTAGE_KAFKA_FILE__SASL_PASSWORD=/run/secrets/kafka-password``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ Guarantee = Literal["exactly_once", "at_least_once"]
 GroupProtocol = Literal["classic", "consumer"]
 PASSTHROUGH_PREFIXES = {"kafka": "TXSTAGE_KAFKA__", "consumer": "TXSTAGE_CONSUMER__",
                         "producer": "TXSTAGE_PRODUCER__"}
+FILE_SUFFIX = "_FILE__"  # TXSTAGE_KAFKA_FILE__<property>: the value is in that file
 
 # Properties txstage sets itself; overriding any would silently void the guarantee.
 PROTECTED = {
@@ -88,6 +92,8 @@ class Settings(BaseSettings):
     metrics_host: str = "0.0.0.0"
     metrics_port: int = Field(9108, ge=0, le=65535)
     health_stale_after_s: float = Field(30.0, gt=0)
+    lso_check_interval_s: float = Field(10.0, ge=0)  # 0: no last-stable-offset watch
+    statistics_interval_ms: int = Field(10_000, ge=0)  # 0: no librdkafka statistics
     log_format: Literal["json", "console"] = "json"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     kafka: dict[str, SecretStr] = Field(default_factory=dict)
@@ -169,21 +175,39 @@ class Settings(BaseSettings):
 
 
 def _passthrough(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    """``TXSTAGE_KAFKA__SASL_PASSWORD`` → ``{"kafka": {"sasl.password": ...}}``."""
+    """``TXSTAGE_KAFKA__SASL_PASSWORD`` → ``{"kafka": {"sasl.password": ...}}``; a
+    ``TXSTAGE_KAFKA_FILE__SASL_PASSWORD`` names a file holding the value (one trailing
+    newline dropped). A file that cannot be read is a ConfigError naming the variable."""
     found: dict[str, dict[str, str]] = {section: {} for section in PASSTHROUGH_PREFIXES}
+    problems: list[str] = []
     for name, value in environ.items():
         for section, prefix in PASSTHROUGH_PREFIXES.items():
             if name.upper().startswith(prefix) and len(name) > len(prefix):
-                found[section][name[len(prefix):].lower().replace("_", ".")] = value
+                found[section][_property(name[len(prefix):])] = value
+            file_prefix = prefix.removesuffix("__") + FILE_SUFFIX
+            if name.upper().startswith(file_prefix) and len(name) > len(file_prefix):
+                try:
+                    content = Path(value).read_text().removesuffix("\n")
+                except OSError as exc:
+                    problems.append(f"{name}: cannot read {value}: {exc.strerror or exc}")
+                    continue
+                found[section][_property(name[len(file_prefix):])] = content
+    if problems:
+        raise ConfigError(*problems)
     return found
+
+
+def _property(part: str) -> str:
+    return part.lower().replace("_", ".")
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the settings; every problem becomes one line of a ConfigError."""
     # The real environment wins over .env, as pydantic-settings does for the rest.
     env = environment() if environ is None else dict(environ)
-    scoped = {k: v for k, v in env.items()
-              if not any(k.upper().startswith(p) for p in PASSTHROUGH_PREFIXES.values())}
+    scoped = {k: v for k, v in env.items() if not any(
+        k.upper().startswith((p, p.removesuffix("__") + FILE_SUFFIX))
+        for p in PASSTHROUGH_PREFIXES.values())}
     try:
         if environ is None:
             return Settings(**_passthrough(env))  # type: ignore[arg-type]

@@ -9,7 +9,9 @@ if [[ -z ${ENGINE:-} ]]; then
     fi
 fi
 if [[ $ENGINE == podman ]]; then
-    CONTAINERS_CONF=${CONTAINERS_CONF:-$("$(dirname "${BASH_SOURCE[0]}")/podman-setup.sh")}
+    # Always: it installs what is missing (a CONTAINERS_CONF of the caller's is kept).
+    txstage_podman_conf=$("$(dirname "${BASH_SOURCE[0]}")/podman-setup.sh")
+    CONTAINERS_CONF=${CONTAINERS_CONF:-$txstage_podman_conf}
     export CONTAINERS_CONF
     # Docker's image format keeps HEALTHCHECK (the OCI format drops it).
     BUILD_FORMAT=(--format docker)

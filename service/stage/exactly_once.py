@@ -63,6 +63,10 @@ class ExactlyOnce:
             producer = None
             try:
                 config = {**producer_config(self._settings, tid), "logger": self._logger}
+                if self._settings.statistics_interval_ms:  # service/txn_states.py
+                    config.setdefault("statistics.interval.ms",
+                                      self._settings.statistics_interval_ms)
+                    config["stats_cb"] = self._metrics.transaction_states.callback(tid)
                 producer = PinnedProducer(config, *key, deadline_s=self._deadline_s,
                                           on_error=error_cb(tid))
                 producer.init()
@@ -178,6 +182,8 @@ class ExactlyOnce:
     def _detach(self, key: TopicPartitionKey) -> PinnedProducer | None:
         producer = self._producers.pop(key, None)
         self._metrics.pinned_producers.set(len(self._producers))
+        if producer is not None:
+            self._metrics.transaction_states.forget(producer.transactional_id)
         return producer
 
     def poll(self, now: float) -> list[tuple[TopicPartitionKey, Event]]:

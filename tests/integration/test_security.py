@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._acl import AclBinding, AclBindingFilter
 
-from service.acls import Grant, backfill_grants, stage_grants
+from service.acls import Grant, audit_grants, backfill_grants, stage_grants
 from service.backfill.config import default_progress_topic
 from service.examples.square import square
 from service.local_kafka.cluster import KafkaCluster
@@ -205,6 +205,40 @@ def test_password_appears_nowhere_the_stage_writes_even_at_debug(
     assert "sasl" in emitted["log"].lower(), "no librdkafka security debug was forwarded"
     leaks = [where for where, text in emitted.items() if secured_stage.password in text]
     assert not leaks, f"the SASL password appears in {leaks}"
+
+
+def test_the_audit_runs_with_only_its_read_only_acls_and_names_each_missing_one(
+        secured_stage: SecuredStage, unique_name: Callable[[str], str]) -> None:
+    setup = secured_stage.setup
+    secured_stage.produce(0, RECORDS)
+    replica = setup.replica("a")
+    setup.wait_committed(90)
+    assert replica.terminate() == 0
+    user, password = unique_name("audit"), secrets.token_urlsafe(24)
+    upsert_scram_user(secured_stage.admin(), user, password)
+    grants = audit_grants(input_topics=[setup.input_topic], group_id=setup.group_id,
+                          output_topics=[setup.output_topic, setup.dlq_topic])
+    auditor = SecuredStage(setup, secured_stage.cluster, user, password, grants)
+    auditor.grant(grants)
+    env = {**os.environ, **setup.env, "TXSTAGE_KAFKA__SASL_USERNAME": user,
+           "TXSTAGE_KAFKA__SASL_PASSWORD": password}
+
+    def audit() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "service", "audit", "--stuck-after", "1",
+                               "--timeout", "30"], cwd=stage_tree(), env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+
+    clean = audit()
+    assert clean.returncode == 0 and "exactly-once: CLEAN" in clean.stdout, \
+        clean.stdout + clean.stderr
+    for grant in grants:
+        auditor.revoke(grant)
+        try:
+            denied = audit()
+        finally:
+            auditor.grant([grant])
+        assert denied.returncode == 2, (str(grant), denied.stdout + denied.stderr)
+        assert denied.stderr.strip() == f"txstage audit: missing permission: {grant}", str(grant)
 
 
 _SECURITY_SETTINGS = ("TXSTAGE_BOOTSTRAP_SERVERS", "TXSTAGE_KAFKA__SECURITY_PROTOCOL",

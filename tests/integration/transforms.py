@@ -198,3 +198,15 @@ def chaos(record: Record) -> Iterator[Output]:
     if record.value is not None and record.value.isdigit() and int(record.value) % 1009 == 0:
         raise ValueError(f"chaos: {int(record.value)} is a multiple of 1009")
     yield from square(record)
+
+
+def square_broken_on_sevens(record: Record) -> Iterator[Output]:
+    """Square with a bug: it fails on multiples of 7 (they go to the DLQ). With
+    ``TEST_TRANSFORM_FIXED`` set the bug is fixed but a rarer one stays: multiples of 49
+    still fail. ``TEST_DELAY_MS`` per record (default 0)."""
+    time.sleep(int(os.environ.get("TEST_DELAY_MS", "0")) / 1000)
+    n = int(record.value or b"")
+    broken = 49 if os.environ.get("TEST_TRANSFORM_FIXED") else 7
+    if n % broken == 0:
+        raise ValueError(f"{n} is a multiple of {broken}")
+    yield from square(record)

@@ -23,7 +23,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from service.metrics import Metrics
-from service.settings import PASSTHROUGH_PREFIXES, Settings, load_settings
+from service.settings import FILE_SUFFIX, PASSTHROUGH_PREFIXES, Settings, load_settings
 from service.transform import load_transform
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,8 +105,9 @@ def settings_env_names() -> set[str]:
 def is_setting(env_name: str) -> bool:
     """A name the settings read: a field, or a librdkafka pass-through."""
     upper = env_name.upper()
-    passthrough = any(upper.startswith(p) and len(upper) > len(p)
-                      for p in PASSTHROUGH_PREFIXES.values())
+    prefixes = [q for p in PASSTHROUGH_PREFIXES.values()
+                for q in (p, p.removesuffix("__") + FILE_SUFFIX)]
+    passthrough = any(upper.startswith(p) and len(upper) > len(p) for p in prefixes)
     return passthrough or upper in settings_env_names()
 
 
@@ -311,6 +312,7 @@ def test_compose_monitoring_uses_the_deploy_configs() -> None:
 
 def test_is_setting_rejects_unknown_names() -> None:
     assert is_setting("TXSTAGE_GROUP_ID") and is_setting("TXSTAGE_KAFKA__sasl.password")
+    assert is_setting("TXSTAGE_KAFKA_FILE__sasl.password")
     assert not is_setting("TXSTAGE_GROUPID") and not is_setting("TXSTAGE_KAFKA__")
 
 
@@ -345,6 +347,20 @@ def test_kustomization_lists_existing_files_and_leaves_the_job_out() -> None:
     assert all((K8S / r).is_file() for r in resources)
     assert {"deployment.yaml", "service.yaml", "configmap.yaml", "pdb.yaml"} <= set(resources)
     assert "backfill-job.yaml" not in resources
+
+
+def test_the_audit_cronjob_runs_a_valid_audit_with_the_stage_settings_as_its_own_user() -> None:
+    from service.audit.cli import parser
+
+    job = k8s("audit-cronjob.yaml")["spec"]["jobTemplate"]["spec"]
+    [audit] = job["template"]["spec"]["containers"]
+    assert audit["args"][0] == "audit"
+    parser().parse_args(audit["args"][1:])  # exits 2 (SystemExit) if the args are wrong
+    assert audit["envFrom"] == container()["envFrom"]
+    env = {e["name"]: e["value"] for e in audit["env"]}
+    assert env == {"TXSTAGE_KAFKA__sasl.username": "txstage-audit"}
+    assert audit["securityContext"]["readOnlyRootFilesystem"] is True
+    assert job["backoffLimit"] == 0
 
 
 def container(name: str = "deployment.yaml") -> dict[str, Any]:
@@ -385,19 +401,27 @@ def test_deployment_grace_period_outlasts_the_shutdown_commit() -> None:
     assert grace >= shutdown + 10
 
 
-def test_deployment_takes_settings_from_the_configmap_and_sasl_password_from_a_secret() -> None:
+def test_deployment_takes_settings_from_the_configmap_and_secrets_from_mounted_files() -> None:
     main = container()
     config_map = k8s("configmap.yaml")["metadata"]["name"]
     assert main["envFrom"] == [{"configMapRef": {"name": config_map}}]
-    env = {e["name"]: e for e in main["env"]}
-    secret = env["TXSTAGE_KAFKA__sasl.password"]["valueFrom"]["secretKeyRef"]
-    assert secret == {"name": "txstage-kafka", "key": "sasl.password"}
+    assert "env" not in main, "secrets are mounted files, not environment variables"
+    data = k8s("configmap.yaml")["data"]
+    mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec("deployment.yaml")["volumes"]}
+    files = {f"{mounts[name]}/{item['path']}": (v["secret"]["secretName"], item["key"])
+             for name, v in volumes.items() if "secret" in v and name in mounts
+             for item in v["secret"]["items"]}
+    assert files[data["TXSTAGE_KAFKA_FILE__sasl.password"]] == ("txstage-kafka", "sasl.password")
+    assert files[data["TXSTAGE_KAFKA__ssl.ca.location"]] == ("txstage-kafka", "ca.pem")
 
 
-def test_configmap_is_valid_settings() -> None:
+def test_configmap_is_valid_settings(tmp_path: Path) -> None:
     data = k8s("configmap.yaml")["data"]
     assert all(is_setting(key) for key in data), [k for k in data if not is_setting(k)]
-    settings = load_settings({**data, "TXSTAGE_KAFKA__sasl.password": "x"})
+    password = tmp_path / "sasl.password"
+    password.write_text("x\n")
+    settings = load_settings({**data, "TXSTAGE_KAFKA_FILE__sasl.password": str(password)})
     assert settings.kafka["sasl.password"].get_secret_value() == "x"
     assert settings.kafka["security.protocol"].get_secret_value() == "SASL_SSL"
 

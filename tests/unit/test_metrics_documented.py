@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
 from service.metrics import HotHistogram, Metrics
+from service.txn_states import NAME, TransactionStates
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 START, END = "<!-- metrics:start -->", "<!-- metrics:end -->"
@@ -46,8 +47,10 @@ def registered_families() -> set[Family]:
     metrics = Metrics(CollectorRegistry())
     wrappers = [v for v in vars(metrics).values() if isinstance(v, MetricWrapperBase)]
     hot = [v for v in vars(metrics).values() if isinstance(v, HotHistogram)]
+    states = [v for v in vars(metrics).values() if isinstance(v, TransactionStates)]
     return {Family(served_name(m), m._type, label_names(m, metrics)) for m in wrappers} | {
-        Family(h.name, "histogram", frozenset()) for h in hot}
+        Family(h.name, "histogram", frozenset()) for h in hot} | {
+        Family(NAME, "gauge", frozenset({"state"})) for _ in states}
 
 
 def served_type_lines() -> set[str]:

@@ -91,6 +91,26 @@ def test_passthrough_secrets_are_not_shown() -> None:
     assert producer_config(settings, None)["sasl.password"] == "hunter2"
 
 
+def test_a_passthrough_value_can_come_from_a_mounted_file(tmp_path: object) -> None:
+    from pathlib import Path
+
+    secret = Path(str(tmp_path)) / "kafka-password"
+    secret.write_text("s3cret from a file\n")
+    settings = load_settings({**BASE, "TXSTAGE_KAFKA_FILE__SASL_PASSWORD": str(secret),
+                              "TXSTAGE_PRODUCER_FILE__sasl.username": str(secret)})
+    assert producer_config(settings, None)["sasl.password"] == "s3cret from a file"
+    assert consumer_config(settings)["sasl.password"] == "s3cret from a file"
+    assert producer_config(settings, None)["sasl.username"] == "s3cret from a file"
+    assert "s3cret" not in repr(settings)
+
+
+def test_an_unreadable_passthrough_file_is_named_and_its_content_never_shown() -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_settings({**BASE, "TXSTAGE_KAFKA_FILE__SASL_PASSWORD": "/nonexistent/pw"})
+    assert str(raised.value) == ("TXSTAGE_KAFKA_FILE__SASL_PASSWORD: cannot read "
+                                 "/nonexistent/pw: No such file or directory")
+
+
 def test_dotenv_carries_passthrough_and_the_environment_wins(
         tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
     from pathlib import Path

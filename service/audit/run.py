@@ -1,0 +1,186 @@
+"""The audit, in the order that makes it sound on a pipeline that keeps running:
+
+1. last stable offsets and high watermarks of every input and output partition (t0);
+2. the group's committed offsets C: the window of each input partition is
+   ``[start, C)`` (start: earliest, or the ``--from`` bound);
+3. the window's inputs, read read_committed; the transform says which outputs each
+   must have (kept as a few bytes per input: ledger.py);
+4. every output partition up to its last stable offset *now* (taken after C, so the
+   outputs of every input below C are in it), from its start or the ``--from`` time;
+5. per input: missing, mismatched, duplicated outputs; per output: no input, order;
+6. after ``stuck_after_s``: partitions whose last stable offset stayed below the high
+   watermark of t0 the whole time hold an open transaction that long (hanging).
+
+Outputs of inputs at or past C (the pipeline went on) or before the window are counted,
+not checked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, cast
+
+from confluent_kafka import IsolationLevel, Message
+
+from service import lineage, reading
+from service.audit.ledger import Finding, PartitionLedger, digest
+from service.audit.report import AuditReport
+from service.backfill.specs import Bound, Earliest, Offsets, Timestamp
+from service.deadletter import ERROR_CLASS
+from service.errors import ConfigError, PoisonRecordError
+from service.messages import to_record
+from service.processing import OutputRefusedError, OutputTooLargeError, process
+from service.reading import EARLIEST, LATEST, Partition
+from service.records import Transform
+
+# Dead letters the stage writes *instead of* outputs at write time (the broker refused
+# one, or one is larger than its topic accepts): the transform alone cannot foresee them.
+_WRITE_TIME = {OutputRefusedError.__qualname__.encode(), OutputTooLargeError.__qualname__.encode()}
+
+
+def _unlimited(topic: str) -> int:
+    return 1 << 62
+
+
+def audit(*, config: Mapping[str, Any], group_id: str, input_topics: list[str],
+          output_topics: list[str], transform: Transform, default_topic: str,
+          dlq_topic: str | None, start: Bound | None = None, stuck_after_s: float = 15.0,
+          timeout_s: float = 300.0, max_examples: int = 10) -> AuditReport:
+    began = time.monotonic()
+    run = _Audit(config, transform, default_topic, dlq_topic, f"{group_id}.audit", timeout_s,
+                 AuditReport(max_examples=max_examples))
+    inputs = reading.partitions(config, input_topics)
+    outputs = reading.partitions(config, dict.fromkeys(output_topics))
+    watched = inputs + outputs
+    lso0 = reading.list_offsets(config, watched, LATEST)
+    high0 = reading.list_offsets(config, watched, LATEST, IsolationLevel.READ_UNCOMMITTED)
+    committed = reading.committed(config, group_id, inputs)
+    starts = _starts(config, inputs, start or Earliest())
+    run.read_inputs({k: PartitionLedger(starts[k], max(committed[k], 0)) for k in inputs})
+    # Taken after C: every output of an input below C is below these last stable offsets.
+    ends = reading.list_offsets(config, outputs, LATEST)
+    run.read_outputs({k: (v, ends[k]) for k, v in (
+        reading.offsets_for_time(config, outputs, start.ms) if isinstance(start, Timestamp)
+        else reading.list_offsets(config, outputs, EARLIEST)).items()})
+    run.judge()
+    _hanging(config, run.report, watched, lso0, high0, began + stuck_after_s)
+    run.report.seconds = time.monotonic() - began
+    return run.report
+
+
+class _Audit:
+    """The two reading passes and what they leave behind."""
+
+    def __init__(self, config: Mapping[str, Any], transform: Transform, default_topic: str,
+                 dlq_topic: str | None, reader: str, timeout_s: float,
+                 report: AuditReport) -> None:
+        self.config, self.transform, self.reader, self.timeout_s = (config, transform, reader,
+                                                                     timeout_s)
+        self.default_topic, self.dlq_topic, self.report = default_topic, dlq_topic, report
+        self.ledgers: dict[Partition, PartitionLedger] = {}
+        self.last: dict[tuple[str, int, str, int], int] = {}
+
+    def read_inputs(self, ledgers: dict[Partition, PartitionLedger]) -> None:
+        self.ledgers = ledgers
+        self.report.windows = {f"{t}/{p}": (v.start, v.end) for (t, p), v in ledgers.items()}
+        self.report.inputs = reading.read(self.config, self.reader,
+                                          {k: (v.start, v.end) for k, v in ledgers.items()},
+                                          self._input, timeout_s=self.timeout_s)
+
+    def _input(self, msg: Message) -> None:
+        record = to_record(msg)
+        ledger = self.ledgers[(record.topic, record.partition)]
+        try:
+            result = process(self.transform, record, default_topic=self.default_topic,
+                             dlq_topic=self.dlq_topic, max_bytes=_unlimited)
+        except PoisonRecordError:  # no DLQ: the stage stops there, it commits nothing past it
+            ledger.expect(record.offset, [])
+            return
+        self.report.expected_outputs += len(result.outputs)
+        if result.dead_lettered:
+            ledger.expect_letter(record.offset)
+            return
+        ledger.expect(record.offset, [digest(i, o.topic, o.key, o.value)
+                                      for i, o in enumerate(result.outputs)])
+
+    def read_outputs(self, windows: dict[Partition, tuple[int, int]]) -> None:
+        self.report.outputs_read = reading.read(self.config, self.reader, windows, self._output,
+                                                timeout_s=self.timeout_s)
+
+    def _output(self, msg: Message) -> None:
+        report = self.report
+        where = f"{msg.topic()}/{msg.partition()}@{msg.offset()}"
+        headers = cast(list[tuple[str, bytes | None]], msg.headers() or [])
+        tag = lineage.read(headers)
+        if tag is None:
+            report.add("unexpected", f"{where}: no lineage headers")
+            return
+        marks = dict(headers)
+        redrive = marks.get(lineage.REDRIVEN)
+        attempt = marks.get(lineage.REDRIVE_ATTEMPT)
+        if redrive is None and attempt is None:  # redrive writes old inputs late: no order
+            order = (str(msg.topic()), int(msg.partition() or 0), tag.topic, tag.partition)
+            if tag.offset < self.last.get(order, -1):
+                report.add("out_of_order", f"{where} <- {tag.topic}/{tag.partition}/"
+                                           f"{tag.offset} after {self.last[order]}")
+            self.last[order] = max(self.last.get(order, -1), tag.offset)
+        ledger = self.ledgers.get((tag.topic, tag.partition))
+        if ledger is None:
+            report.add("unexpected", f"{where}: from {tag.topic}/{tag.partition}, not an input")
+            return
+        if tag.offset not in ledger:
+            report.outputs_ahead += 1
+            return
+        error_class = marks.get(ERROR_CLASS) if msg.topic() == self.dlq_topic else None
+        if error_class is not None and error_class not in _WRITE_TIME:
+            found = ledger.letter(tag.offset, int(attempt or 0))
+        else:
+            found = ledger.see(tag.offset, tag.idx,
+                               digest(tag.idx, str(msg.topic()), msg.key(), msg.value()),
+                               replaces_outputs=error_class is not None,
+                               redriven=redrive is not None)
+        if found is not None:
+            report.add(found.value, f"{tag.topic}/{tag.partition}/{tag.offset} "
+                                    f"output {tag.idx} at {where}")
+
+    def judge(self) -> None:
+        for (topic, partition), ledger in self.ledgers.items():
+            for finding, offset in ledger.findings():
+                if finding is Finding.PENDING:
+                    self.report.letters_pending += 1
+                elif finding is Finding.DUPLICATE:
+                    self.report.add("duplicate", f"{topic}/{partition}/{offset}: outputs "
+                                                 f"beside a dead letter")
+                else:
+                    self.report.add(finding.value, f"{topic}/{partition}/{offset}")
+
+
+def _starts(config: Mapping[str, Any], inputs: list[Partition], bound: Bound
+            ) -> dict[Partition, int]:
+    earliest = reading.list_offsets(config, inputs, EARLIEST)
+    if isinstance(bound, Earliest):
+        return earliest
+    if isinstance(bound, Timestamp):
+        return reading.offsets_for_time(config, inputs, bound.ms)
+    if isinstance(bound, Offsets):
+        if len({t for t, _ in inputs}) != 1:
+            raise ConfigError("--from offsets:... needs a single input topic")
+        return {(t, p): max(earliest[(t, p)], bound.by_partition.get(p, earliest[(t, p)]))
+                for t, p in inputs}
+    raise ConfigError(f"--from {bound}: expected earliest, offsets:... or timestamp:...")
+
+
+def _hanging(config: Mapping[str, Any], report: AuditReport, watched: list[Partition],
+             lso0: dict[Partition, int], high0: dict[Partition, int], until: float) -> None:
+    """A partition whose last stable offset stayed at its t0 value, below its t0 high
+    watermark, until ``until``: a transaction has been open at least that long."""
+    suspects = [k for k in watched if lso0[k] < high0[k]]
+    if not suspects:
+        return
+    time.sleep(max(0.0, until - time.monotonic()))
+    lso1 = reading.list_offsets(config, suspects, LATEST)
+    for key in suspects:
+        if lso1[key] == lso0[key]:
+            report.add("hanging", f"{key[0]}/{key[1]}: last stable offset {lso0[key]} below "
+                                  f"the high watermark {high0[key]} the whole audit")

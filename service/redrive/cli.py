@@ -1,0 +1,96 @@
+"""``txstage redrive [options]``: the stage's settings (TXSTAGE_*) say which DLQ, which
+transform and where outputs go; options choose the letters.
+
+Exit codes: 0 done (letters that failed again are back in the DLQ: see the report),
+2 bad settings or arguments, 4 the redrive could not finish (it resumes where its last
+committed transaction ended).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+
+from service.backfill.specs import Timestamp, parse_bound
+from service.checks import producer_max_bytes
+from service.errors import ConfigError
+from service.kafka_config import admin_config, producer_config
+from service.redrive.letters import Filter
+from service.redrive.run import redrive
+from service.settings import Settings, load_settings
+from service.tool_cli import run_tool
+from service.transform import load_transform
+
+EXIT_DONE = 0  # 2 and 4: service/tool_cli.py
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="txstage redrive",
+        description="Reprocess dead letters through the current transform, exactly once: "
+                    "outputs carry the original record's lineage; a letter that fails again "
+                    "goes back to the DLQ with txstage.redrive.attempt + 1. Reads the "
+                    "stage's settings (TXSTAGE_*); the stream may keep running.",
+        epilog="exit codes: 0 done, 2 bad settings or arguments, 4 could not finish")
+    p.add_argument("--error-class", action="append", metavar="NAME",
+                   help="only letters whose txstage.error.class is NAME (repeatable)")
+    p.add_argument("--source-topic", metavar="TOPIC", help="only letters of this input topic")
+    p.add_argument("--source-partition", action="append", type=int, metavar="N",
+                   help="only letters of this input partition (repeatable)")
+    p.add_argument("--from-offset", type=int, metavar="OFFSET",
+                   help="only letters whose original offset is at least OFFSET")
+    p.add_argument("--to-offset", type=int, metavar="OFFSET",
+                   help="only letters whose original offset is at most OFFSET")
+    p.add_argument("--since", metavar="TIME", help="only letters written at or after TIME "
+                   "(epoch ms or ISO-8601 with a time zone)")
+    p.add_argument("--until", metavar="TIME", help="only letters written before TIME")
+    p.add_argument("--dry-run", action="store_true",
+                   help="run the transform and show what would be written; write nothing")
+    p.add_argument("--batch", type=int, default=500, metavar="N",
+                   help="letters per transaction (default 500)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    return p
+
+
+def _ms(text: str | None, name: str) -> int | None:
+    if text is None:
+        return None
+    bound = parse_bound(f"timestamp:{text}", name)
+    assert isinstance(bound, Timestamp)
+    return bound.ms
+
+
+def _settings() -> Settings:
+    settings = load_settings()
+    if not settings.dlq_topic:
+        raise ConfigError("TXSTAGE_DLQ_TOPIC: not set: there is no dead-letter topic to "
+                          "redrive")
+    return settings
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parser().parse_args(argv)  # exits 2 on bad arguments
+    return run_tool("redrive", lambda: _redrive(args),
+                    unfinished_hint=" (a rerun resumes from its last committed transaction)")
+
+
+def _redrive(args: argparse.Namespace) -> int:
+    settings = _settings()
+    letter_filter = Filter(
+        error_classes=frozenset(args.error_class) if args.error_class else None,
+        source_topic=args.source_topic,
+        source_partitions=frozenset(args.source_partition) if args.source_partition else None,
+        min_offset=args.from_offset, max_offset=args.to_offset,
+        since_ms=_ms(args.since, "--since"), until_ms=_ms(args.until, "--until"))
+    limit = producer_max_bytes(settings)
+    report = redrive(producer_config=producer_config(settings, None),
+                     admin_config=admin_config(settings), dlq_topic=settings.dlq_topic,
+                     transform=load_transform(settings.transform),
+                     default_topic=settings.output_topic, prefix=settings.id_prefix,
+                     letter_filter=letter_filter, max_bytes=lambda topic: limit,
+                     dry_run=args.dry_run, batch=args.batch, timeout_s=args.timeout,
+                     deadline_s=settings.transaction_timeout_ms / 1000 + 30)
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report.summary())
+    return EXIT_DONE

@@ -1,0 +1,91 @@
+"""Dead letters as redrive reads them: the original record rebuilt, which ones to take,
+and the headers redrive adds.
+
+A dead letter (service/deadletter.py) is the original record's key, value and headers
+plus ``txstage.error.*`` headers naming the error and the original coordinates, and the
+lineage headers of that original. Redrive rebuilds the original ``Record`` from them
+(its timestamp becomes the letter's: the original's is not kept) and marks
+
+- every output it writes with ``txstage.redriven`` = the letter's own coordinates
+  (``<dlq topic>/<partition>/<offset>``), so ``txstage audit`` accepts a dead letter
+  *and* the outputs that replaced it;
+- a letter it writes again (the transform still fails) with ``txstage.redrive.attempt``
+  = the previous attempt + 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from service import lineage
+from service.deadletter import (
+    ERROR_CLASS,
+    ERROR_MESSAGE,
+    ERROR_OFFSET,
+    ERROR_PARTITION,
+    ERROR_TOPIC,
+)
+from service.records import Record
+
+REDRIVEN = lineage.REDRIVEN
+ATTEMPT = lineage.REDRIVE_ATTEMPT
+_OURS = {ERROR_CLASS, ERROR_MESSAGE, ERROR_TOPIC, ERROR_PARTITION, ERROR_OFFSET,
+         lineage.SRC, lineage.IDX, REDRIVEN, ATTEMPT}
+
+
+@dataclass(frozen=True, slots=True)
+class Letter:
+    """One dead letter: where it is, the original record, why it failed."""
+
+    topic: str
+    partition: int
+    offset: int
+    original: Record
+    error_class: str
+    attempt: int  # 0: written by the stage; n: by the n-th redrive of its original
+
+    @property
+    def coordinates(self) -> str:
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
+
+def parse(topic: str, partition: int, offset: int, timestamp: int, key: bytes | None,
+          value: bytes | None, headers: Sequence[tuple[str, bytes | None]]) -> Letter | None:
+    """The letter, or None when the record is not a txstage dead letter."""
+    found = {name: data for name, data in headers if data is not None}
+    try:
+        original = Record(topic=found[ERROR_TOPIC].decode(),
+                          partition=int(found[ERROR_PARTITION]),
+                          offset=int(found[ERROR_OFFSET]), timestamp=timestamp, key=key,
+                          value=value,
+                          headers=tuple((n, d) for n, d in headers
+                                        if n not in _OURS and d is not None))
+        return Letter(topic, partition, offset, original, found[ERROR_CLASS].decode(),
+                      int(found.get(ATTEMPT, b"0")))
+    except (KeyError, ValueError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """Which letters to redrive; every field left None matches everything."""
+
+    error_classes: frozenset[str] | None = None
+    source_topic: str | None = None
+    source_partitions: frozenset[int] | None = None
+    min_offset: int | None = None  # of the original record
+    max_offset: int | None = None  # inclusive
+    since_ms: int | None = None  # the letter's timestamp
+    until_ms: int | None = None
+
+    def __call__(self, letter: Letter, letter_timestamp: int) -> bool:
+        original = letter.original
+        return ((self.error_classes is None or letter.error_class in self.error_classes)
+                and (self.source_topic is None or original.topic == self.source_topic)
+                and (self.source_partitions is None
+                     or original.partition in self.source_partitions)
+                and (self.min_offset is None or original.offset >= self.min_offset)
+                and (self.max_offset is None or original.offset <= self.max_offset)
+                and (self.since_ms is None or letter_timestamp >= self.since_ms)
+                and (self.until_ms is None or letter_timestamp < self.until_ms))

@@ -1,0 +1,243 @@
+"""The redrive loop. Exactly once because each letter's outputs and its *progress mark*
+(key ``<dlq topic>/<partition>/<offset>`` in the compacted topic
+``<prefix>.redrive.progress``) are written in one transaction of one producer,
+``<prefix>.redrive.<dlq topic>``:
+
+1. ``init_transactions`` fences any other redrive of this DLQ and finishes (commits or
+   aborts) its last transaction;
+2. only then the progress topic is read (read_committed, to its end): the letters
+   already redriven, by any earlier run, are skipped;
+3. the DLQ is read up to its last stable offset taken at start (letters written later,
+   including this run's own re-dead-letters, wait for the next run); every matching
+   letter is rebuilt, run through the transform and written with its mark, a batch
+   per transaction. A crash aborts the open batch, outputs and marks together.
+
+An output the broker refuses aborts the batch; it is retried with that letter dead-
+lettered again (as the stage does), up to three times.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from service import reading
+from service.errors import AbortableError
+from service.processing import OutputRefusedError, Produced, Result, process, refused
+from service.producer import PinnedProducer
+from service.reading import EARLIEST, LATEST
+from service.records import Transform
+from service.redrive.letters import ATTEMPT, REDRIVEN, Filter, Letter, parse
+
+_ATTEMPTS = 3
+
+
+@dataclass
+class RedriveReport:
+    letters: int = 0  # txstage dead letters read in the window
+    not_letters: int = 0  # records of the DLQ without txstage's error headers
+    done_before: int = 0  # redriven by an earlier run
+    filtered_out: int = 0
+    redriven: int = 0  # the transform succeeded: outputs written
+    outputs: int = 0
+    failed_again: int = 0  # dead-lettered again, attempt + 1
+    transactions: int = 0
+    seconds: float = 0.0
+    dry_run: bool = False
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return (self.redriven + self.failed_again) / self.seconds if self.seconds else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        fields = dict(vars(self))
+        fields["letters_per_second"] = round(self.rate)
+        fields["seconds"] = round(self.seconds, 3)
+        return fields
+
+    def summary(self) -> str:
+        verb = "would redrive" if self.dry_run else "redrove"
+        lines = [f"{self.letters} dead letters read; {self.done_before} redriven before, "
+                 f"{self.filtered_out} filtered out",
+                 f"{verb} {self.redriven} ({self.outputs} outputs) and "
+                 f"{'would dead-letter' if self.dry_run else 'dead-lettered'} "
+                 f"{self.failed_again} again, in {self.seconds:.1f} s "
+                 f"({self.rate:,.0f} letters/s, {self.transactions} transactions)"]
+        lines += [f"  e.g. {example}" for example in self.examples]
+        return "\n".join(lines)
+
+
+def progress_topic(prefix: str) -> str:
+    return f"{prefix}.redrive.progress"
+
+
+def redrive(*, producer_config: Mapping[str, Any], admin_config: Mapping[str, Any],
+            dlq_topic: str, transform: Transform, default_topic: str, prefix: str,
+            letter_filter: Filter, max_bytes: Callable[[str], int], dry_run: bool = False,
+            batch: int = 500, timeout_s: float = 300.0, max_examples: int = 10,
+            deadline_s: float = 90.0) -> RedriveReport:
+    began = time.monotonic()
+    report = RedriveReport(dry_run=dry_run)
+    producer = None
+    marks = progress_topic(prefix)
+    if not dry_run:
+        _ensure_progress_topic(admin_config, marks)
+        producer = PinnedProducer({**producer_config,
+                                   "transactional.id": f"{prefix}.redrive.{dlq_topic}"},
+                                  dlq_topic, 0, deadline_s=deadline_s)
+        producer.init()  # from here, no other redrive of this DLQ commits anything
+    try:
+        done = _done(admin_config, marks, prefix, timeout_s)
+        writer = _Writer(producer, marks, transform, default_topic, dlq_topic, max_bytes,
+                         report, max_examples)
+        dlq = reading.partitions(admin_config, [dlq_topic])
+        starts = reading.list_offsets(admin_config, dlq, EARLIEST)
+        ends = reading.list_offsets(admin_config, dlq, LATEST)
+
+        def on_message(msg: Message) -> None:
+            timestamp = int(msg.timestamp()[1])
+            headers = cast(list[tuple[str, bytes | None]], msg.headers() or [])
+            letter = parse(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0),
+                           timestamp, msg.key(), msg.value(), headers)
+            if letter is None:
+                report.not_letters += 1
+                return
+            report.letters += 1
+            if letter.coordinates in done:
+                report.done_before += 1
+            elif not letter_filter(letter, timestamp):
+                report.filtered_out += 1
+            else:
+                writer.add(letter)
+                if len(writer.pending) >= batch:
+                    writer.flush()
+
+        reading.read(admin_config, f"{prefix}.redrive", {k: (starts[k], ends[k]) for k in dlq},
+                     on_message, timeout_s=timeout_s)
+        writer.flush()
+    finally:
+        if producer is not None:
+            producer.close()
+    report.seconds = time.monotonic() - began
+    return report
+
+
+class _Writer:
+    def __init__(self, producer: PinnedProducer | None, marks: str, transform: Transform,
+                 default_topic: str, dlq_topic: str, max_bytes: Callable[[str], int],
+                 report: RedriveReport, max_examples: int) -> None:
+        self.producer, self.marks, self.transform = producer, marks, transform
+        self.default_topic, self.dlq_topic, self.max_bytes = default_topic, dlq_topic, max_bytes
+        self.report, self.max_examples = report, max_examples
+        self.pending: list[tuple[Letter, Result]] = []
+
+    def add(self, letter: Letter) -> None:
+        result = process(self.transform, letter.original, default_topic=self.default_topic,
+                         dlq_topic=self.dlq_topic, max_bytes=self.max_bytes)
+        self.pending.append((letter, result))
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        if self.producer is not None:
+            self._commit(self.producer)
+        for letter, result in self.pending:
+            if result.dead_lettered:
+                self.report.failed_again += 1
+                outcome = f"fails again: {type(result.error).__qualname__}: {result.error}"
+            else:
+                self.report.redriven += 1
+                self.report.outputs += len(result.outputs)
+                outcome = f"{len(result.outputs)} output(s)"
+            if len(self.report.examples) < self.max_examples:
+                original = letter.original
+                self.report.examples.append(
+                    f"{letter.coordinates} ({letter.error_class}, from {original.topic}/"
+                    f"{original.partition}/{original.offset}): {outcome}")
+        self.pending = []
+
+    def _commit(self, producer: PinnedProducer) -> None:
+        for attempt in range(_ATTEMPTS):
+            producer.begin()
+            for letter, result in self.pending:
+                producer.produce_all(_marked(letter, result), letter.offset)
+                mark = {"outputs": 0 if result.dead_lettered else len(result.outputs),
+                        "dead_lettered": result.dead_lettered, "at": int(time.time() * 1000)}
+                producer.produce(Produced(self.marks, letter.coordinates.encode(),
+                                          json.dumps(mark).encode(), []), letter.offset,
+                                 partition=0)
+            try:
+                producer.commit()
+                self.report.transactions += 1
+                return
+            except AbortableError:
+                failures = producer.take_failures()
+                producer.abort()
+                refusals = {f.offset for f in failures if f.refusal and f.offset is not None}
+                if not refusals or attempt == _ATTEMPTS - 1:
+                    raise
+                self.pending = [
+                    (letter, refused(letter.original, OutputRefusedError(
+                        "the broker refused an output of the redriven record"),
+                        self.dlq_topic) if letter.offset in refusals else result)
+                    for letter, result in self.pending]
+
+
+def _marked(letter: Letter, result: Result) -> list[Produced]:
+    if result.dead_lettered:
+        return [Produced(out.topic, out.key, out.value,
+                         [*out.headers, (ATTEMPT, str(letter.attempt + 1).encode())])
+                for out in result.outputs]
+    return [Produced(out.topic, out.key, out.value,
+                     [*out.headers, (REDRIVEN, letter.coordinates.encode())])
+            for out in result.outputs]
+
+
+def _ensure_progress_topic(admin_config: Mapping[str, Any], topic: str) -> None:
+    """The compacted, single-partition progress topic (created on first use)."""
+    admin = AdminClient(dict(admin_config))  # kept until the result is in: it dies with it
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=1, config={"cleanup.policy": "compact"})],
+        request_timeout=30)
+    try:
+        futures[topic].result(60)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+    deadline = time.monotonic() + 30  # a new topic has no leader for a moment
+    while time.monotonic() < deadline:
+        described = admin.list_topics(topic, timeout=10).topics.get(topic)
+        if described is not None and described.error is None and all(
+                p.leader >= 0 for p in described.partitions.values()):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{topic} has no leader 30 s after its creation")
+
+
+def _done(admin_config: Mapping[str, Any], topic: str, prefix: str,
+          timeout_s: float) -> set[str]:
+    """The letters redriven by any committed run: the progress topic's keys."""
+    found: set[str] = set()
+    try:
+        part = reading.partitions(admin_config, [topic])
+    except LookupError:  # no run wrote progress yet (a dry run does not create it)
+        return found
+    start = reading.list_offsets(admin_config, part, EARLIEST)
+    end = reading.list_offsets(admin_config, part, LATEST)
+
+    def keep(msg: Message) -> None:
+        key = msg.key()
+        if key is not None and msg.value() is not None:
+            found.add(key.decode() if isinstance(key, bytes) else str(key))
+
+    reading.read(admin_config, f"{prefix}.redrive", {k: (start[k], end[k]) for k in part},
+                 keep, timeout_s=timeout_s)
+    return found

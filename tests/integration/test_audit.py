@@ -1,0 +1,144 @@
+"""``txstage audit`` (issue 11) against a real broker and a real stage: clean while the
+stage runs and its input grows, and each planted violation found — a duplicated output,
+a lost input (offsets committed past it, no output), an output without an input, and a
+transaction a stopped foreign producer leaves open on an output partition."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from tests.harness.kafka import KafkaService
+from tests.harness.reading import read_committed
+from tests.integration.conftest import PARTITIONS, StageSetup, build_stage
+from tests.integration.operator_tools import foreign_transaction, tool, violations
+from tests.integration.replicas import produce_inputs, samples, value, wait_for
+
+pytestmark = pytest.mark.kafka
+
+
+def poison(i: int) -> bytes:
+    return b"not a number" if i % 101 == 0 else str(i).encode()
+
+
+def audit(setup: StageSetup, *args: str) -> tuple[int, dict[str, object], str]:
+    return tool(setup, "audit", "--timeout", "90", *args)
+
+
+@pytest.fixture
+def settled(kafka: KafkaService, unique_name: Callable[[str], str],
+            tmp_path: Path) -> Iterator[StageSetup]:
+    """A stage that processed 1,500 records (with poison), then stopped cleanly."""
+    setup = build_stage(kafka.bootstrap, unique_name, tmp_path)
+    produce_inputs(setup.bootstrap, setup.input_topic, range(1500), PARTITIONS, value=poison)
+    replica = setup.replica("r1")
+    setup.wait_committed()
+    assert replica.terminate() == 0
+    yield setup
+    for started in setup.started:
+        started.kill()
+
+
+def test_the_audit_is_clean_while_the_stage_runs_and_its_input_grows(
+        kafka: KafkaService, unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    setup = build_stage(kafka.bootstrap, unique_name, tmp_path)
+    produce_inputs(setup.bootstrap, setup.input_topic, range(3000), PARTITIONS, value=poison)
+    setup.replica("r1")
+    setup.wait_committed()
+    feeding = threading.Event()
+
+    def feed() -> None:
+        i = 3000
+        while not feeding.is_set():
+            produce_inputs(setup.bootstrap, setup.input_topic, range(i, i + 200), PARTITIONS,
+                           value=poison)
+            i += 200
+            time.sleep(0.05)
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        code, report, err = audit(setup, "--stuck-after", "3")
+    finally:
+        feeding.set()
+        feeder.join()
+    assert code == 0, (err, report)
+    assert violations(report) == {}
+    assert isinstance(report["inputs"], int) and report["inputs"] >= 3000
+    assert report["expected_outputs"] == report["inputs"]  # one output (or dead letter) each
+    assert report["outputs_read"] >= report["inputs"]
+
+
+def test_a_planted_duplicate_a_lost_input_and_an_orphan_output_are_each_found(
+        settled: StageSetup) -> None:
+    setup = settled
+    code, report, err = audit(setup, "--stuck-after", "1")
+    assert code == 0 and violations(report) == {}, (err, report)
+
+    # A duplicate: one output written again, lineage headers and all.
+    original = read_committed(setup.bootstrap, setup.output_topic)[7]
+    producer = Producer({"bootstrap.servers": setup.bootstrap})
+    producer.produce(setup.output_topic, original.value, original.key,
+                     partition=original.partition, headers=original.headers)
+    # An orphan: an output that names no input.
+    producer.produce(setup.output_topic, b"orphan", b"k", partition=0)
+    # A loss: a new input the group's offset is committed past, with no output.
+    producer.produce(setup.input_topic, b"12345", b"lost", partition=3)
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": setup.bootstrap, "group.id": setup.group_id})
+    [position] = consumer.committed([TopicPartition(setup.input_topic, 3)], timeout=30)
+    consumer.commit(offsets=[TopicPartition(setup.input_topic, 3, position.offset + 1)],
+                    asynchronous=False)
+    consumer.close()
+
+    code, report, err = audit(setup, "--stuck-after", "1")
+    assert code == 1, (err, report)
+    # The copy, appended after newer outputs, is also out of input order.
+    assert violations(report) == {"duplicate": 1, "out_of_order": 1, "unexpected": 1,
+                              "missing": 1}, report
+    found = report["violations"]
+    assert isinstance(found, dict)
+    lineage = dict(original.headers)["txstage.src"].decode()
+    assert lineage in found["duplicate"]["examples"][0]
+    assert found["missing"]["examples"] == [f"{setup.input_topic}/3/{position.offset}"]
+    assert "no lineage headers" in found["unexpected"]["examples"][0]
+
+
+def test_a_transaction_a_stopped_foreign_producer_holds_open_is_found_hanging(
+        settled: StageSetup) -> None:
+    setup = settled
+    with foreign_transaction(setup):
+        code, report, err = audit(setup, "--stuck-after", "3")
+    assert code == 1, (err, report)
+    assert violations(report) == {"hanging": 1}, report
+    found = report["violations"]
+    assert isinstance(found, dict)
+    assert found["hanging"]["examples"][0].startswith(f"{setup.output_topic}/1: ")
+
+
+def test_the_stuck_lso_metric_moves_when_a_foreign_transaction_hangs_on_an_output(
+        kafka: KafkaService, unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    setup = build_stage(kafka.bootstrap, unique_name, tmp_path)
+    produce_inputs(setup.bootstrap, setup.input_topic, range(200), PARTITIONS)
+    replica = setup.replica("r1", TXSTAGE_LSO_CHECK_INTERVAL_S="1",
+                            TXSTAGE_STATISTICS_INTERVAL_MS="1000")
+    setup.wait_committed()
+    try:
+        with foreign_transaction(setup):
+            # Records above the held LSO: the stage keeps writing to every output partition.
+            produce_inputs(setup.bootstrap, setup.input_topic, range(200, 400), PARTITIONS)
+            held = {"role": "output", "topic": setup.output_topic, "partition": "1"}
+            wait_for(lambda: value(replica, "txstage_lso_stuck_seconds", **held) >= 4, 60,
+                     "the stuck-LSO gauge of the held partition to pass 4 s", setup.diagnose)
+            assert value(replica, "txstage_lso_lag_records", **held) > 0
+            for partition in ("0", "2", "3"):  # written to and committed: never stuck long
+                assert value(replica, "txstage_lso_stuck_seconds", role="output",
+                             topic=setup.output_topic, partition=partition) < 4
+            assert any(name == "txstage_producer_transaction_state_seconds"
+                       for name, _ in samples(replica)), "no state from librdkafka statistics"
+    finally:
+        replica.kill()
