@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -36,14 +35,22 @@ TRANSFORM = "bench.transforms:identity_failing_every_hundredth"
 
 
 def tool(env: dict[str, str], *args: str) -> tuple[dict[str, object], float]:
-    """Run ``txstage <args> --json``; its report and the child's peak RSS in MB."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    result = subprocess.run([sys.executable, "-m", "service", *args, "--json"], cwd=REPO_ROOT,
-                            env=env, capture_output=True, text=True, check=False, timeout=3600)
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    if result.returncode not in (0, 1):
-        raise RuntimeError(f"txstage {args[0]} exited {result.returncode}: {result.stderr}")
-    return json.loads(result.stdout), max(peak, before) / 1024
+    """Run ``txstage <args> --json``; its report and its peak RSS in MB (VmHWM, sampled
+    every 20 ms until it exits)."""
+    proc = subprocess.Popen([sys.executable, "-m", "service", *args, "--json"], cwd=REPO_ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak_kb = 0
+    while proc.poll() is None:
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            peak_kb = max(peak_kb, int(status.split("VmHWM:")[1].split()[0]))
+        except (OSError, IndexError, ValueError):
+            pass
+        time.sleep(0.02)
+    out, err = proc.communicate()
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"txstage {args[0]} exited {proc.returncode}: {err}")
+    return json.loads(out), peak_kb / 1024
 
 
 def main(argv: Sequence[str] | None = None) -> int:
