@@ -17,7 +17,7 @@ from service.checks import producer_max_bytes
 from service.errors import ConfigError
 from service.kafka_config import admin_config, producer_config
 from service.redrive.letters import Filter
-from service.redrive.run import redrive
+from service.redrive.run import redrive, transactional_id
 from service.settings import Settings, load_settings
 from service.tool_cli import run_tool
 from service.transform import load_transform
@@ -85,7 +85,8 @@ def _redrive(args: argparse.Namespace) -> int:
         min_offset=args.from_offset, max_offset=args.to_offset,
         since_ms=_ms(args.since, "--since"), until_ms=_ms(args.until, "--until"))
     limit = producer_max_bytes(settings)
-    report = redrive(producer_config=producer_config(settings, None),
+    tid = transactional_id(settings.id_prefix, settings.dlq_topic)
+    report = redrive(producer_config=producer_config(settings, tid),
                      admin_config=admin_config(settings), dlq_topic=settings.dlq_topic,
                      transform=load_transform(settings.transform),
                      default_topic=settings.output_topic, prefix=settings.id_prefix,

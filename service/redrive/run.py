@@ -79,20 +79,27 @@ def progress_topic(prefix: str) -> str:
     return f"{prefix}.redrive.progress"
 
 
+def transactional_id(prefix: str, dlq_topic: str) -> str:
+    """One id per DLQ: a second redrive of it fences the first."""
+    return f"{prefix}.redrive.{dlq_topic}"
+
+
 def redrive(*, producer_config: Mapping[str, Any], admin_config: Mapping[str, Any],
             dlq_topic: str, transform: Transform, default_topic: str, prefix: str,
             letter_filter: Filter, max_bytes: Callable[[str], int], dry_run: bool = False,
             batch: int = 500, timeout_s: float = 300.0, max_examples: int = 10,
             deadline_s: float = 90.0) -> RedriveReport:
+    """Redrive the letters of ``dlq_topic`` that ``letter_filter`` takes and no run has
+    redriven. ``producer_config``: a transactional producer's (kafka_config.producer_config
+    with ``transactional_id(prefix, dlq_topic)``; that id is set here either way)."""
     began = time.monotonic()
     report = RedriveReport(dry_run=dry_run)
     producer = None
     marks = progress_topic(prefix)
     if not dry_run:
         _ensure_progress_topic(admin_config, marks)
-        producer = PinnedProducer({**producer_config,
-                                   "transactional.id": f"{prefix}.redrive.{dlq_topic}"},
-                                  dlq_topic, 0, deadline_s=deadline_s)
+        config = {**producer_config, "transactional.id": transactional_id(prefix, dlq_topic)}
+        producer = PinnedProducer(config, dlq_topic, 0, deadline_s=deadline_s)
         producer.init()  # from here, no other redrive of this DLQ commits anything
     try:
         done = _done(admin_config, marks, prefix, timeout_s)
