@@ -158,11 +158,11 @@ class _Audit:
 
 def _starts(config: Mapping[str, Any], inputs: list[Partition], bound: Bound
             ) -> dict[Partition, int]:
+    if isinstance(bound, Timestamp):
+        return reading.offsets_for_time(config, inputs, bound.ms)
     earliest = reading.list_offsets(config, inputs, EARLIEST)
     if isinstance(bound, Earliest):
         return earliest
-    if isinstance(bound, Timestamp):
-        return reading.offsets_for_time(config, inputs, bound.ms)
     if isinstance(bound, Offsets):
         if len({t for t, _ in inputs}) != 1:
             raise ConfigError("--from offsets:... needs a single input topic")

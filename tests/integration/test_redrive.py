@@ -27,11 +27,6 @@ BUGGY = {"TXSTAGE_TRANSFORM": "tests.integration.transforms:square_broken_on_sev
 FIXED = {**BUGGY, "TEST_TRANSFORM_FIXED": "1"}
 
 
-def command(setup: StageSetup, *args: str, env: dict[str, str]
-            ) -> tuple[int, dict[str, object], str]:
-    return tool(setup, *args, env=env)
-
-
 def outputs_end(setup: StageSetup) -> dict[str, dict[int, int]]:
     return {t: end_offsets(setup.bootstrap, t, isolation="read_uncommitted")
             for t in (setup.output_topic, setup.dlq_topic)}
@@ -53,18 +48,18 @@ def lettered(kafka: KafkaService, unique_name: Callable[[str], str],
 def test_redriven_letters_equal_the_fixed_stream_and_a_second_run_writes_nothing(
         lettered: StageSetup) -> None:
     setup = lettered
-    code, audit, err = command(setup, "audit", "--stuck-after", "1", env=BUGGY)
+    code, audit, err = tool(setup, "audit", "--stuck-after", "1", env=BUGGY)
     assert code == 0 and violations(audit) == {}, (err, audit)
-    code, audit, err = command(setup, "audit", "--stuck-after", "1", env=FIXED)
+    code, audit, err = tool(setup, "audit", "--stuck-after", "1", env=FIXED)
     assert code == 0 and audit["letters_pending"] == 100 - 15, (err, audit)
 
     before = outputs_end(setup)
-    code, dry, err = command(setup, "redrive", "--dry-run", env=FIXED)
+    code, dry, err = tool(setup, "redrive", "--dry-run", env=FIXED)
     assert code == 0, err
     assert (dry["letters"], dry["redriven"], dry["failed_again"]) == (100, 85, 15), dry
     assert outputs_end(setup) == before, "a dry run wrote something"
 
-    code, done, err = command(setup, "redrive", "--batch", "20", env=FIXED)
+    code, done, err = tool(setup, "redrive", "--batch", "20", env=FIXED)
     assert code == 0, err
     assert (done["redriven"], done["outputs"], done["failed_again"]) == (85, 85, 15), done
     again = [r for r in read_committed(setup.bootstrap, setup.dlq_topic)
@@ -72,17 +67,17 @@ def test_redriven_letters_equal_the_fixed_stream_and_a_second_run_writes_nothing
     assert len(again) == 15 and {r.header("txstage.error.class") for r in again} == {
         b"ValueError"}
 
-    code, audit, err = command(setup, "audit", "--stuck-after", "1", env=FIXED)
+    code, audit, err = tool(setup, "audit", "--stuck-after", "1", env=FIXED)
     assert code == 0 and violations(audit) == {}, (err, audit)
     assert audit["letters_pending"] == 0 and audit["expected_outputs"] == RECORDS, audit
 
     after = outputs_end(setup)
-    code, second, err = command(setup, "redrive", env=FIXED)
+    code, second, err = tool(setup, "redrive", env=FIXED)
     assert code == 0, err
     # The 15 letters written again (attempt 1) are new: they fail again, once more.
     assert (second["done_before"], second["redriven"], second["failed_again"]) == (
         100, 0, 15), second
-    code, audit, err = command(setup, "audit", "--stuck-after", "1", env=FIXED)
+    code, audit, err = tool(setup, "audit", "--stuck-after", "1", env=FIXED)
     assert code == 0 and violations(audit) == {}, (err, audit)
     assert sum(after[setup.output_topic].values()) == sum(
         outputs_end(setup)[setup.output_topic].values()), "the second run wrote outputs"
@@ -102,7 +97,7 @@ def test_a_redrive_killed_halfway_resumes_without_writing_anything_twice(
         first.send_signal(signal.SIGKILL)
         first.wait(10)
 
-    code, resumed, err = command(setup, "redrive", env=FIXED)
+    code, resumed, err = tool(setup, "redrive", env=FIXED)
     assert code == 0, err
     done_before, letters = resumed["done_before"], resumed["letters"]
     assert isinstance(done_before, int) and 30 <= done_before < 100, resumed
@@ -111,7 +106,7 @@ def test_a_redrive_killed_halfway_resumes_without_writing_anything_twice(
     assert resumed["redriven"] + resumed["failed_again"] == letters - done_before, resumed
     marks = [r.key for r in read_committed(setup.bootstrap, progress)]
     assert len(marks) == len(set(marks)) == letters, "a letter was redriven twice"
-    code, audit, err = command(setup, "audit", "--stuck-after", "1", env=FIXED)
+    code, audit, err = tool(setup, "audit", "--stuck-after", "1", env=FIXED)
     assert code == 0 and violations(audit) == {}, (err, audit)
     assert audit["letters_pending"] == 0, audit
 
@@ -124,5 +119,5 @@ def _written(setup: StageSetup, topic: str) -> int:
 
 
 def test_redrive_without_a_dead_letter_topic_exits_2(lettered: StageSetup) -> None:
-    code, _, err = command(lettered, "redrive", env={**FIXED, "TXSTAGE_DLQ_TOPIC": ""})
+    code, _, err = tool(lettered, "redrive", env={**FIXED, "TXSTAGE_DLQ_TOPIC": ""})
     assert code == 2 and "TXSTAGE_DLQ_TOPIC" in err
