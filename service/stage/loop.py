@@ -78,6 +78,7 @@ class Loop:
         self._topic_lookups: dict[str, Future[object]] = {}
         self._produced: Tally[str] = Tally()
         self._next_housekeeping = 0.0
+        self._batch = 0  # consume() calls so far
         self._assigning_since: float | None = None
         self._transform_seconds = metrics.transform_seconds.observe
         self.describe_requested = False  # set by SIGUSR1: log every partition's state
@@ -90,6 +91,7 @@ class Loop:
 
     def iterate(self) -> None:
         self.health.beat()
+        self._batch += 1
         messages = self.consumer.consume(self.settings.batch_size,
                                          self.settings.poll_timeout_ms / 1000)
         self.raise_recorded()
@@ -120,6 +122,7 @@ class Loop:
 
     def tick(self, now: float) -> None:
         policy = self.policy
+        self._retry_seeks()
         for partition in list(self.partitions.values()):
             state = partition.state
             if partition.batch_records:
@@ -184,14 +187,17 @@ class Loop:
         False when the record was held or dropped."""
         offset: int = msg.offset()  # type: ignore[assignment]
         state = partition.state
+        if offset < partition.position or partition.seek_to is not None \
+                or partition.seek_batch == self._batch:
+            return False  # a stale fetch from before a seek
         if state.holding:
             self._hold(partition, msg)
             return False
         if state.phase is not sm.Phase.ACTIVE or (
                 state.pauses and sm.Pause.BACKOFF in state.pauses):
             return False  # fetched before a seek or a pause: it is read again later
-        if offset < partition.position:
-            return False  # a stale fetch from before a seek
+        if partition.check_from is not None and not self._check_first(partition, offset):
+            return False
         if state.isolation is not None:
             room = state.room()
             if room is not None and room - partition.batch_records <= 0:
@@ -285,7 +291,8 @@ class Loop:
             case sm.PausePartition():
                 self.consumer.pause([partition.tp])
             case sm.ResumePartition():
-                self.consumer.resume([partition.tp])
+                if partition.seek_to is None:  # else: once the seek lands
+                    self.consumer.resume([partition.tp])
             case sm.Seek(offset):
                 self._seek(partition, offset)
             case sm.StartInit():
@@ -355,20 +362,73 @@ class Loop:
             self.dispatch(partition, work)  # type: ignore[arg-type]
 
     def _seek(self, partition: Partition, offset: int) -> None:
-        target = offset if offset >= 0 else self._no_offset
+        """Fetch the partition from ``offset`` (< 0: none committed), and make sure of it.
+
+        librdkafka refuses a seek with _STATE while the partition is not fetching yet
+        (just assigned, its own committed-offset query still out). Its fetcher then
+        starts where that query says, but a refused seek also leaves librdkafka's
+        "application position" as it was, and every later pause moves the fetcher to
+        that position (rdkafka_partition.c). After a rebalance served inside consume()
+        that position can belong to records of the previous assignment, far ahead
+        (rdkafka_queue.c updates it after the callbacks): a chaos campaign saw a
+        partition resume 1 474 records past the offset Kafka had committed. So a
+        refused seek keeps the partition paused and is retried until it lands, and the
+        first record fetched after it must be at ``offset``: fetched from beyond it, the
+        seek is made once more (a gap that persists is real: transaction markers,
+        compaction, retention)."""
         partition.position = max(offset, 0)
+        partition.seek_to = offset
+        partition.check_from = max(offset, 0)
+        partition.seek_batch = self._batch  # what this batch holds was fetched before it
+        partition.rechecked = None
         log.debug("partition.positioned", topic=partition.topic, partition=partition.partition,
                   committed_offset=offset)
+        self._land_seek(partition)
+
+    def _land_seek(self, partition: Partition) -> bool:
+        offset = partition.seek_to
+        if offset is None:
+            return True
+        target = offset if offset >= 0 else self._no_offset
         try:
             self.consumer.seek(TopicPartition(partition.topic, partition.partition, target))
         except KafkaException as exc:
             error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            if error is not None and error.code() == KafkaError._STATE:
-                # Not fetching yet (just assigned): librdkafka starts from the committed
-                # offset itself, which is what we read.
-                return
-            raise translate(exc, Where("seek", None, partition.topic, partition.partition,
-                                       offset)) from exc
+            if error is None or error.code() not in (KafkaError._STATE,
+                                                     KafkaError._PREV_IN_PROGRESS):
+                raise translate(exc, Where("seek", None, partition.topic, partition.partition,
+                                           offset)) from exc
+            self.consumer.pause([partition.tp])  # until the seek lands (tick retries it)
+            partition.refresh_flowing()
+            return False
+        partition.seek_to = None
+        partition.refresh_flowing()
+        return True
+
+    def _retry_seeks(self) -> None:
+        for partition in self.partitions.values():
+            if partition.seek_to is not None and not partition.releasing \
+                    and self._land_seek(partition) and not partition.state.paused:
+                self.consumer.resume([partition.tp])
+
+    def _check_first(self, partition: Partition, offset: int) -> bool:
+        """The first record after a seek to ``partition.check_from``; False when it came
+        from beyond it and the seek is made again. Once more from beyond it, the gap is
+        real (transactional input: the committed offset is often a commit marker)."""
+        expected = partition.check_from
+        if expected is not None and offset > expected and partition.rechecked is None:
+            self._seek(partition, expected)
+            partition.rechecked = offset
+            return False
+        if partition.rechecked is not None and offset < partition.rechecked:
+            log.warning("partition.fetch_position_corrected", topic=partition.topic,
+                        partition=partition.partition, position=expected,
+                        fetched_first=partition.rechecked,
+                        note="the fetcher started beyond the committed offset; sought again")
+            self.metrics.kafka_errors.labels(op="fetch_position", action="seek").inc()
+        partition.check_from = partition.rechecked = None
+        partition.refresh_flowing()
+        return True
 
     def _lookup_position(self, partition: Partition) -> Job:
         """The offset committed in Kafka. Asked with RequireStable, so a transaction

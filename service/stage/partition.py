@@ -24,6 +24,7 @@ class Partition:
         "batch_next",
         "batch_records",
         "batch_since",
+        "check_from",
         "flowing",
         "held",
         "job",
@@ -31,7 +32,10 @@ class Partition:
         "on_abandon",
         "phase_since",
         "position",
+        "rechecked",
         "releasing",
+        "seek_batch",
+        "seek_to",
         "stalled_warned",
         "tp",
         "waiting_topic",
@@ -45,6 +49,13 @@ class Partition:
         self.held: list[Message] = []     # records waiting, in order, for a commit or lookup
         self.job: tuple[object, Future[Completion]] | None = None  # (token, future) in flight
         self.position = -1                # next offset expected; older ones are stale fetches
+        # Positioning is checked, not trusted (see Loop._seek): a seek librdkafka refused
+        # because the partition is not fetching yet, retried until it lands (the partition
+        # stays paused); then the offset its first record must have.
+        self.seek_to: int | None = None
+        self.check_from: int | None = None
+        self.rechecked: int | None = None  # the first record's offset, from beyond check_from
+        self.seek_batch = -1              # the consume() batch a seek was made in
         self.batch_first = self.batch_next = self.batch_records = 0  # written, not yet told
         self.batch_since = 0.0
         self.batch_first_ts = self.batch_last_ts = -1  # its first and last record's timestamps
@@ -63,7 +74,8 @@ class Partition:
                 "pauses": sorted(p.value for p in state.pause_reasons),
                 "open_records": state.txn.records if state.txn else 0,
                 "open_age_s": round(state.age(now), 1), "position": self.position,
-                "held": len(self.held), "job_running": self.job is not None,
+                "seek_pending": self.seek_to is not None, "held": len(self.held),
+                "job_running": self.job is not None,
                 "waiting_topic": self.waiting_topic, "releasing": self.releasing}
 
     @property
@@ -73,7 +85,12 @@ class Partition:
     @state.setter
     def state(self, state: PartitionState) -> None:
         self._state = state
-        self.flowing = state.flowing
+        self.refresh_flowing()
+
+    def refresh_flowing(self) -> None:
+        """Flowing records skip every check (``Loop.process``): not while a seek is
+        pending or the first record after one is still to be checked."""
+        self.flowing = self._state.flowing and self.seek_to is None and self.check_from is None
 
     @property
     def topic(self) -> str:

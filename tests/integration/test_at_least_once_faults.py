@@ -77,3 +77,22 @@ def test_at_least_once_replicas_survive_scaling_from_1_to_6_to_3(stage: StageSet
     settle(stage, replicas[:3], 60)
     assert_nothing_lost(stage.verify())
     assert [r.terminate() for r in replicas[:3]] == [0, 0, 0]
+
+
+def test_at_least_once_stall_past_max_poll_interval_resumes_from_kafka(stage: StageSetup) -> None:
+    # The transform stalls 6 s on partition 0 with thousands of records already fetched
+    # behind it; max.poll.interval.ms = 3 s makes librdkafka leave the group, and the
+    # same consume() call that reports the partitions lost assigns them back. The
+    # partition must resume from the offset committed in Kafka: seen in a chaos
+    # campaign, it resumed from librdkafka's old fetch position instead and committed
+    # past 1 474 records that were never transformed.
+    replica = stage.replica("a", **AT_LEAST_ONCE,
+                            TXSTAGE_TRANSFORM="tests.integration.transforms:stall_once",
+                            TEST_STALL_AT="300", TEST_STALL_S="6",
+                            TXSTAGE_CONSUMER__MAX_POLL_INTERVAL_MS="3000",
+                            **stage.session_timeout_env(2000))
+    produce_inputs(stage.bootstrap, stage.input_topic, range(40_000), PARTITIONS)
+    settle(stage, [replica], 90)
+    assert_nothing_lost(stage.verify())
+    assert replica.events("partitions.lost"), "the stall must have cost the assignment"
+    assert replica.terminate() == 0

@@ -1,0 +1,154 @@
+"""Where a partition resumes after it is positioned (assigned, rewound): the loop
+checks librdkafka instead of trusting it.
+
+The consumer here is a script of librdkafka behaviours read from its source
+(rdkafka_partition.c: a seek before the fetcher started is refused with _STATE and
+leaves the "application position" as it was; a later pause moves the fetcher there),
+not a Kafka: the loop's side of the bargain is what these tests pin down. The
+committer records what the loop writes. The same paths run against a real broker
+in tests/integration (the stall and chaos scenarios).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import cast
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from service.admin import OutputLimits
+from service.examples.square import square
+from service.health import Health
+from service.metrics import Metrics
+from service.processing import Produced
+from service.settings import load_settings
+from service.stage import state as sm
+from service.stage.committer import Committer
+from service.stage.loop import Loop
+from service.stage.partition import Partition, TopicPartitionKey
+
+TOPIC = "in"
+POLICY = sm.Policy(commit_interval_s=60.0, commit_max_records=1000, max_abort_streak=4,
+                   retry_backoff_s=1.0, max_backoff_s=30.0, max_record_attempts=3,
+                   reclaim_after_s=6.0, transaction_timeout_s=2.0)
+
+
+@dataclass
+class ScriptedConsumer:
+    refuse_seeks: int = 0               # seeks refused with _STATE (not fetching yet)
+    calls: list[tuple[str, int]] = field(default_factory=list)
+    batches: list[list[Message]] = field(default_factory=list)
+
+    def seek(self, tp: TopicPartition) -> None:
+        if self.refuse_seeks:
+            self.refuse_seeks -= 1
+            self.calls.append(("seek refused", tp.offset))
+            raise KafkaException(KafkaError(KafkaError._STATE, "Erroneous state"))
+        self.calls.append(("seek", tp.offset))
+
+    def pause(self, tps: list[TopicPartition]) -> None:
+        self.calls.append(("pause", tps[0].partition))
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        self.calls.append(("resume", tps[0].partition))
+
+    def get_watermark_offsets(self, tp: TopicPartition, cached: bool) -> tuple[int, int]:
+        return 0, -1
+
+    def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        return self.batches.pop(0) if self.batches else []
+
+
+@dataclass
+class RecordingCommitter:
+    written: list[int] = field(default_factory=list)
+
+    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
+        self.written.append(offset)
+
+    def poll(self, now: float) -> list[tuple[TopicPartitionKey, sm.Event]]:
+        return []
+
+
+def message(offset: int) -> Message:
+    return Message(topic=TOPIC, partition=0, offset=offset, key=b"k", value=str(offset).encode(),
+                   headers=None, error=None, timestamp=(1, 1_700_000_000_000))
+
+
+def batch(first: int, last: int) -> list[Message]:
+    return [message(offset) for offset in range(first, last + 1)]
+
+
+def make_loop(consumer: ScriptedConsumer) -> tuple[Loop, RecordingCommitter, Partition]:
+    settings = load_settings({"TXSTAGE_BOOTSTRAP_SERVERS": "127.0.0.1:9", "TXSTAGE_GROUP_ID": "g",
+                              "TXSTAGE_INPUT_TOPICS": TOPIC, "TXSTAGE_OUTPUT_TOPIC": "out",
+                              "TXSTAGE_TRANSFORM": "service.examples.square:square"})
+    committer = RecordingCommitter()
+    limits = cast(OutputLimits, lambda topic: 1_000_000)
+    loop = Loop(settings, square, Metrics(CollectorRegistry()), Health(), limits,
+                cast("object", consumer), cast(Committer, committer), POLICY)  # type: ignore[arg-type]
+    partition = Partition(TOPIC, 0)
+    loop.partitions[partition.key] = partition
+    partition.state = sm.PartitionState(sm.Phase.POSITIONING)
+    return loop, committer, partition
+
+
+def positioned(loop: Loop, partition: Partition, offset: int) -> None:
+    loop.dispatch(partition, sm.Positioned(offset, 0.0))
+
+
+def test_a_refused_seek_keeps_the_partition_paused_until_it_lands() -> None:
+    # The old loop took _STATE to mean "librdkafka starts from the committed offset
+    # itself" and resumed at once; librdkafka's application position was then left
+    # as it was, and the next pause sent the fetcher there.
+    consumer = ScriptedConsumer(refuse_seeks=2)
+    loop, _, partition = make_loop(consumer)
+    positioned(loop, partition, 2810)
+    assert ("resume", 0) not in consumer.calls
+    loop.tick(1.0)
+    assert ("resume", 0) not in consumer.calls, "still refused: still paused"
+    loop.tick(2.0)
+    assert consumer.calls[-2:] == [("seek", 2810), ("resume", 0)]
+    assert partition.seek_to is None
+
+
+def test_records_fetched_before_a_seek_are_not_processed_after_it() -> None:
+    # The position lookup ends beside the loop; its Positioned is dispatched after the
+    # next consume() returned, so that batch holds records of the fetch the seek
+    # replaced: beyond the position, they are not its continuation.
+    consumer = ScriptedConsumer(batches=[batch(4283, 4290), batch(2810, 2815)])
+    loop, committer, partition = make_loop(consumer)
+    lookup = threading.Event()
+    loop.jobs.start(partition, lambda: (lookup.set(), sm.Positioned(2810, 0.0))[1])
+    assert lookup.wait(5)
+    time.sleep(0.1)  # the job's completion is queued
+    loop.iterate()   # consume() (the stale batch), then the lookup's answer: the seek
+    assert consumer.calls[:1] == [("seek", 2810)]
+    assert committer.written == []
+    loop.iterate()
+    assert committer.written == list(range(2810, 2816))
+
+
+def test_a_first_record_beyond_the_committed_offset_is_sought_again() -> None:
+    consumer = ScriptedConsumer(batches=[batch(4283, 4290), batch(2810, 2812)])
+    loop, committer, partition = make_loop(consumer)
+    positioned(loop, partition, 2810)
+    loop.iterate()   # the fetcher started far ahead: seek again, process nothing
+    assert committer.written == []
+    assert consumer.calls.count(("seek", 2810)) == 2
+    loop.iterate()   # from where Kafka committed, this time
+    assert committer.written == [2810, 2811, 2812]
+
+
+def test_a_gap_that_persists_after_seeking_again_is_accepted() -> None:
+    # Transactional input: the committed offset is often a commit marker's.
+    consumer = ScriptedConsumer(batches=[batch(2811, 2813), batch(2811, 2813)])
+    loop, committer, partition = make_loop(consumer)
+    positioned(loop, partition, 2810)
+    loop.iterate()
+    loop.iterate()
+    assert committer.written == [2811, 2812, 2813]
+    assert consumer.calls.count(("seek", 2810)) == 2
