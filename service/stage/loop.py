@@ -383,7 +383,10 @@ class Loop:
         partition.rechecked = None
         log.debug("partition.positioned", topic=partition.topic, partition=partition.partition,
                   committed_offset=offset)
-        self._land_seek(partition)
+        if not self._land_seek(partition):
+            log.info("partition.seek_deferred", topic=partition.topic,
+                     partition=partition.partition, offset=offset,
+                     note="librdkafka is not fetching it yet: paused, the seek is retried")
 
     def _land_seek(self, partition: Partition) -> bool:
         offset = partition.seek_to
@@ -545,8 +548,9 @@ class Loop:
                     and now - partition.phase_since > self.policy.stuck_after_s:
                 self.dispatch(partition, sm.CallStuck(now))
                 continue
-            if partition.stalled_warned or phase is sm.Phase.ACTIVE:
-                continue
+            if partition.stalled_warned or (phase is sm.Phase.ACTIVE
+                                            and partition.seek_to is None):
+                continue  # (ACTIVE waiting for its seek to land is waiting too)
             if now - partition.phase_since > self._stalled_after_s:
                 partition.stalled_warned = True
                 log.warning("partition.stalled", **partition.describe(now))
