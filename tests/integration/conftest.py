@@ -156,6 +156,16 @@ def _tear_down(setup: StageSetup) -> None:
     print(setup.logs())  # pytest shows it when the test failed
 
 
+@pytest.fixture(autouse=True)
+def no_replica_outlives_its_test() -> Iterator[None]:
+    """SIGKILL whatever replica a test left running (after its fixtures' own teardown):
+    a leftover once spun for the rest of a CI run against a broker long gone."""
+    yield
+    leftovers = Replica.kill_leftovers()
+    if leftovers:
+        print(f"killed replicas the test left running: {leftovers}")
+
+
 @pytest.fixture(params=GROUP_PROTOCOLS)
 def stage(request: pytest.FixtureRequest, kafka: KafkaService,
           unique_name: Callable[[str], str], tmp_path: Path) -> Iterator[StageSetup]:

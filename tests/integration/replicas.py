@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import ClassVar
 
 from confluent_kafka import KafkaException, Producer
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,7 +35,19 @@ def stage_tree() -> Path:
 
 
 class Replica:
-    """One stage process; its log is JSON lines in ``log_path``."""
+    """One stage process; its log is JSON lines in ``log_path``. Every replica started
+    is in ``Replica.started`` until ``kill_leftovers`` (after each test) ends it."""
+
+    started: ClassVar[list[Replica]] = []
+
+    @classmethod
+    def kill_leftovers(cls) -> list[str]:
+        """SIGKILL every replica still running; the names of those that were."""
+        running = [replica for replica in cls.started if replica.alive()]
+        for replica in running:
+            replica.kill()
+        cls.started.clear()
+        return [replica.name for replica in running]
 
     def __init__(self, name: str, env: dict[str, str], log_dir: Path) -> None:
         self.name = name
@@ -49,6 +62,7 @@ class Replica:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "service", "run"], cwd=stage_tree(), env=self.env,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        Replica.started.append(self)
         return self
 
     @property

@@ -47,6 +47,14 @@ def settled(kafka: KafkaService, unique_name: Callable[[str], str],
 def test_the_audit_is_clean_while_the_stage_runs_and_its_input_grows(
         kafka: KafkaService, unique_name: Callable[[str], str], tmp_path: Path) -> None:
     setup = build_stage(kafka.bootstrap, unique_name, tmp_path)
+    try:
+        _audit_while_the_input_grows(setup)
+    finally:
+        for started in setup.started:  # the replica must not outlive the test
+            started.kill()
+
+
+def _audit_while_the_input_grows(setup: StageSetup) -> None:
     produce_inputs(setup.bootstrap, setup.input_topic, range(3000), PARTITIONS, value=poison)
     setup.replica("r1")
     setup.wait_committed()
