@@ -196,7 +196,7 @@ class Loop:
         if state.phase is not sm.Phase.ACTIVE or (
                 state.pauses and sm.Pause.BACKOFF in state.pauses):
             return False  # fetched before a seek or a pause: it is read again later
-        if partition.check_from is not None and not self._check_first(partition, offset):
+        if partition.check_first and not self._check_first(partition, offset):
             return False
         if state.isolation is not None:
             room = state.room()
@@ -378,7 +378,7 @@ class Loop:
         compaction, retention)."""
         partition.position = max(offset, 0)
         partition.seek_to = offset
-        partition.check_from = max(offset, 0)
+        partition.check_first = True
         partition.seek_batch = self._batch  # what this batch holds was fetched before it
         partition.rechecked = None
         log.debug("partition.positioned", topic=partition.topic, partition=partition.partition,
@@ -415,11 +415,11 @@ class Loop:
                 self.consumer.resume([partition.tp])
 
     def _check_first(self, partition: Partition, offset: int) -> bool:
-        """The first record after a seek to ``partition.check_from``; False when it came
+        """The first record after a seek to ``partition.position``; False when it came
         from beyond it and the seek is made again. Once more from beyond it, the gap is
         real (transactional input: the committed offset is often a commit marker)."""
-        expected = partition.check_from
-        if expected is not None and offset > expected and partition.rechecked is None:
+        expected = partition.position
+        if offset > expected and partition.rechecked is None:
             self._seek(partition, expected)
             partition.rechecked = offset
             return False
@@ -429,7 +429,7 @@ class Loop:
                         fetched_first=partition.rechecked,
                         note="the fetcher started beyond the committed offset; sought again")
             self.metrics.kafka_errors.labels(op="fetch_position", action="seek").inc()
-        partition.check_from = partition.rechecked = None
+        partition.check_first, partition.rechecked = False, None
         partition.refresh_flowing()
         return True
 

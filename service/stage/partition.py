@@ -24,7 +24,7 @@ class Partition:
         "batch_next",
         "batch_records",
         "batch_since",
-        "check_from",
+        "check_first",
         "flowing",
         "held",
         "job",
@@ -51,10 +51,11 @@ class Partition:
         self.position = -1                # next offset expected; older ones are stale fetches
         # Positioning is checked, not trusted (see Loop._seek): a seek librdkafka refused
         # because the partition is not fetching yet, retried until it lands (the partition
-        # stays paused); then the offset its first record must have.
+        # stays paused); then whether its first record is still to be checked (it must be
+        # at ``position``).
         self.seek_to: int | None = None
-        self.check_from: int | None = None
-        self.rechecked: int | None = None  # the first record's offset, from beyond check_from
+        self.check_first = False
+        self.rechecked: int | None = None  # the first record's offset, from beyond position
         self.seek_batch = -1              # the consume() batch a seek was made in
         self.batch_first = self.batch_next = self.batch_records = 0  # written, not yet told
         self.batch_since = 0.0
@@ -90,7 +91,7 @@ class Partition:
     def refresh_flowing(self) -> None:
         """Flowing records skip every check (``Loop.process``): not while a seek is
         pending or the first record after one is still to be checked."""
-        self.flowing = self._state.flowing and self.seek_to is None and self.check_from is None
+        self.flowing = self._state.flowing and self.seek_to is None and not self.check_first
 
     @property
     def topic(self) -> str:
