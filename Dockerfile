@@ -34,29 +34,17 @@ RUN pip install .
 FROM build AS build-spark
 RUN pip install ".[spark]"
 
-# --- spark-jars: Spark's Kafka connector, resolved by Maven at build time ------
-# The backfill must not reach Maven Central at run time (no network beyond the
-# broker, read-only root): jars.py resolves the connector from the POM the package
-# ships into TXSTAGE_CACHE_DIR, which the backfill image copies. Maven stays here.
-FROM build-spark AS spark-jars
-# Slim bases drop man pages; the JRE's post-install links into man1 and fails without it.
-RUN mkdir -p /usr/share/man/man1 \
- && apt-get update \
- && apt-get install --yes --no-install-recommends maven default-jre-headless \
- && rm -rf /var/lib/apt/lists/*
-ENV TXSTAGE_CACHE_DIR=/opt/txstage-cache
-RUN txstage backfill jars >/dev/null && rm -rf /root/.m2
-
 # --- backfill: `txstage backfill` on PySpark (needs a JRE) ---------------------
+# No Spark Kafka connector: tasks read and write Kafka with librdkafka, so the image
+# needs no Maven and fetches nothing at run time (no network beyond the broker).
 FROM base AS backfill
+# Slim bases drop man pages; the JRE's post-install links into man1 and fails without it.
 RUN mkdir -p /usr/share/man/man1 \
  && apt-get update \
  && apt-get install --yes --no-install-recommends default-jre-headless \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build-spark /opt/txstage /opt/txstage
-COPY --from=spark-jars /opt/txstage-cache /opt/txstage-cache
-ENV TXSTAGE_CACHE_DIR=/opt/txstage-cache \
-    TXSTAGE_LOG_FORMAT=json
+ENV TXSTAGE_LOG_FORMAT=json
 USER 10001:10001
 WORKDIR /tmp
 ENTRYPOINT ["txstage"]

@@ -36,6 +36,7 @@ T = TypeVar("T")
 
 _QUEUE_FULL_WAIT_S = 0.05
 _MIN_CALL_S = 0.1
+_WARM_UP_S = 10.0  # the metadata request before init_transactions (see PinnedProducer.init)
 
 
 def produce(producer: Producer, out: Produced,
@@ -142,7 +143,19 @@ class PinnedProducer:
                 time.sleep(0.05)
 
     def init(self) -> None:
-        """init_transactions: fences any older producer with this id, finishes its txn."""
+        """init_transactions: fences any older producer with this id, finishes its txn.
+
+        A metadata request for the pinned topic first: a new producer that asks for
+        its transactional PID before any broker connection is up finds "no broker
+        available" and retries on librdkafka's 500 ms PID timer (rdkafka_idempotence.c,
+        ``rd_kafka_idemp_pid_timer_restart``); once a connection is up, the coordinator
+        lookup and InitProducerId follow at once (measured on one node: 0.51 to 0.57 s
+        without, 0.07 s with). Its failure is left to init_transactions to report."""
+        try:
+            self._producer.list_topics(self.topic, timeout=min(self.deadline_s, _WARM_UP_S))
+        except KafkaException as exc:
+            log.debug("producer.warm_up_failed", transactional_id=self.transactional_id,
+                      error=str(exc))
         self._retrying("init_transactions", self._producer.init_transactions)
 
     def take_failures(self) -> tuple[Failure, ...]:

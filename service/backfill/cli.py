@@ -107,8 +107,6 @@ def run_parser() -> argparse.ArgumentParser:
                    "(default local[*,4])")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting (repeatable)")
-    p.add_argument("--reader-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a Java Kafka consumer property for Spark's Kafka source (repeatable)")
     p.add_argument("--progress-interval", type=float, default=10.0, metavar="SECONDS",
                    help="log progress this often; 0 disables (default %(default)s)")
     return p
@@ -130,7 +128,6 @@ def _run(args: list[str]) -> int:
         slice_records=ns.slice_records, transaction_records=ns.transaction_records,
         transaction_ms=ns.transaction_ms, dry_run=ns.dry_run, overwrite=ns.overwrite,
         master=ns.master, spark_conf=_pairs(ns.conf, "--conf"),
-        reader_options=_pairs(ns.reader_option, "--reader-option"),
         progress_interval_s=ns.progress_interval)
     return job.run(config.build(flags, environment()))
 

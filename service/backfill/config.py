@@ -41,7 +41,6 @@ class Flags:
     overwrite: bool = False
     master: str | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
-    reader_options: Mapping[str, str] = field(default_factory=dict)
     progress_interval_s: float = 10.0
 
 

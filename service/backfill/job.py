@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 
@@ -54,11 +55,6 @@ class Run:
             return list(self.plan.slices)
         return [s for s in self.plan.slices
                 if not (state.slices.get(s.index) and state.slices[s.index].done)]
-
-    def first_offset(self, piece: Slice) -> int:
-        """Where the read of a slice can start: no earlier than its committed progress."""
-        found = self.state.slices.get(piece.index) if self.state else None
-        return max(piece.start, found.next_offset) if found else piece.start
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +97,13 @@ def _from_kafka(config: JobConfig, source: KafkaSource, started: float) -> Outco
     if early is not None:
         return early
     with _session(config) as spark:
-        options = sources.kafka_reader_options(config.kafka(), config.flags.reader_options)
-        frame = sources.kafka_slices(spark, options,
-                                     [(s, job.first_offset(s)) for s in job.pending()])
-        return _execute(spark, job, frame)
+        pending = sources.slice_indexes(spark, job.pending())
+        reads = tasks.KafkaInput(config.kafka(), {s.index: s for s in job.plan.slices})
+        if isinstance(config.sink, ParquetSink):
+            return _to_parquet(spark, job, config.sink, functools.partial(
+                tasks.read_to_rows, reads), pending)
+        return _to_kafka(spark, job, functools.partial(tasks.read_kafka_slices, reads),
+                         pending)
 
 
 def _from_files(config: JobConfig, source: FileSource, started: float) -> Outcome:
@@ -120,7 +119,9 @@ def _from_files(config: JobConfig, source: FileSource, started: float) -> Outcom
         if early is not None:
             return early
         tagged = sources.tag_slices(spark, frame, job.pending(), config.flags.slice_records)
-        return _execute(spark, job, tagged)
+        if isinstance(config.sink, ParquetSink):
+            return _to_parquet(spark, job, config.sink, tasks.transform_to_rows, tagged)
+        return _to_kafka(spark, job, tasks.write_kafka_slices, tagged)
 
 
 def _gathered(*checks: Callable[[], Any]) -> list[Any]:
@@ -139,7 +140,7 @@ def _gathered(*checks: Callable[[], Any]) -> list[Any]:
 
 def _session(config: JobConfig) -> AbstractContextManager[SparkSession]:
     return spark_session(f"txstage-backfill-{config.job_id}", master=config.flags.master,
-                         need_kafka=config.settings is not None, conf=config.flags.spark_conf,
+                         conf=config.flags.spark_conf,
                          kafka_sink=config.kafka_sink)
 
 
@@ -230,19 +231,19 @@ def _check_same_job(config: JobConfig, state: JobState, fresh: Plan) -> None:
 # -- running -----------------------------------------------------------------------------
 
 
-def _execute(spark: SparkSession, job: Run, frame: DataFrame) -> Outcome:
-    if isinstance(job.config.sink, ParquetSink):
-        return _to_parquet(spark, job, frame, job.config.sink)
-    return _to_kafka(spark, job, frame)
-
-
 def _processing(config: JobConfig, *, kafka_limits: bool) -> tasks.Processing:
     settings = config.settings
     return tasks.Processing(config.transform, config.output_topic, config.dlq_topic,
                             tasks.max_bytes(settings), settings if kafka_limits else None)
 
 
-def _to_kafka(spark: SparkSession, job: Run, frame: DataFrame) -> Outcome:
+# The mapInArrow bodies: (what they need, the task's input batches) → output batches.
+SinkTask = Callable[[tasks.KafkaSinkJob, Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+RowsTask = Callable[[tasks.Processing, tasks.Counters, Iterable[pa.RecordBatch]],
+                    Iterator[pa.RecordBatch]]
+
+
+def _to_kafka(spark: SparkSession, job: Run, body: SinkTask, frame: DataFrame) -> Outcome:
     config = job.config
     sink = tasks.KafkaSinkJob(
         _processing(config, kafka_limits=True), config.kafka(), config.job_id, config.id_prefix,
@@ -250,8 +251,7 @@ def _to_kafka(spark: SparkSession, job: Run, frame: DataFrame) -> Outcome:
         {s.index: s for s in job.plan.slices})
     began = time.monotonic()
     with report.Reporter(spark, job.plan, config, job.state):
-        rows_ = frame.mapInArrow(functools.partial(tasks.write_kafka_slices, sink),
-                                 rows.SUMMARY_DDL).collect()
+        rows_ = frame.mapInArrow(functools.partial(body, sink), rows.SUMMARY_DDL).collect()
     summaries: list[dict[str, int]] = [row.asDict() for row in rows_]
     _close_empty_slices(sink, job.pending(), summaries)
     spark_seconds = time.monotonic() - began
@@ -270,19 +270,18 @@ def _close_empty_slices(sink: tasks.KafkaSinkJob, pending: Sequence[Slice],
     reported = {row["slice"] for row in summaries}
     for piece in pending:
         if piece.index not in reported:
-            outcome = tasks.write_slice(sink, piece.index, [])
+            outcome = tasks.write_slice(sink, piece.index, lambda _start: ())
             summaries.append(tasks.summary(piece.index, outcome))
 
 
-def _to_parquet(spark: SparkSession, job: Run, frame: DataFrame,
-                sink: ParquetSink) -> Outcome:
+def _to_parquet(spark: SparkSession, job: Run, sink: ParquetSink, body: RowsTask,
+                frame: DataFrame) -> Outcome:
     config = job.config
     if not config.flags.overwrite and _path_exists(spark, sink.path):
         raise ConfigError(f"sink {sink}: the path exists; pass --overwrite to replace it")
     counters = tasks.Counters(spark.sparkContext)
     processing = _processing(config, kafka_limits=False)
-    outputs = frame.mapInArrow(functools.partial(tasks.transform_to_rows, processing, counters),
-                               rows.OUTPUT_DDL)
+    outputs = frame.mapInArrow(functools.partial(body, processing, counters), rows.OUTPUT_DDL)
     began = time.monotonic()
     with report.Reporter(spark, job.plan, config, None):
         outputs.write.mode("overwrite" if config.flags.overwrite else "errorifexists") \

@@ -36,12 +36,12 @@ def read_job(settings: Settings, topic: str, job_id: str) -> JobState:
     """A job's plan and committed slice progress, as of now (see progress.read_job)."""
     watermarks = watermark_consumer(settings)
     try:
-        high = progress.high_watermark(watermarks, topic)
+        low, high = progress.watermarks(watermarks, topic)
     finally:
         watermarks.close()
     consumer = progress_consumer(settings)
     try:
-        return progress.read_job(consumer, topic, job_id, high)
+        return progress.read_job(consumer, topic, job_id, high, low_watermark=low)
     finally:
         consumer.close()
 

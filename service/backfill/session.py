@@ -1,8 +1,9 @@
 """The SparkSession a backfill runs in: its own, or the one spark-submit (or a test) made.
 
-When txstage starts Spark itself it adds the cached Kafka connector (jars.py) and makes
-the Python workers use this interpreter. Under ``spark-submit`` the session already
-exists and its configuration is the operator's: pass the connector with ``--jars``.
+When txstage starts Spark itself it makes the Python workers use this interpreter. Under
+``spark-submit`` the session already exists and its configuration is the operator's.
+Spark's Kafka connector is not needed: tasks read and write Kafka with librdkafka
+(slice_reader, slice_writer).
 """
 
 from __future__ import annotations
@@ -15,17 +16,15 @@ from collections.abc import Iterator, Mapping
 
 from pyspark.sql import SparkSession
 
-from service.backfill import jars
 from service.errors import ConfigError
 
 log = logging.getLogger("txstage.backfill")
 
 DEFAULT_MASTER = "local[*,4]"  # local mode retries a failed task only with the ",4"
-KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 
 
 @contextlib.contextmanager
-def spark_session(app_name: str, *, master: str | None, need_kafka: bool,
+def spark_session(app_name: str, *, master: str | None,
                   conf: Mapping[str, str] | None = None,
                   kafka_sink: bool = False) -> Iterator[SparkSession]:
     """Yield a session; stop it afterwards only if this call started it. A Kafka sink
@@ -35,11 +34,9 @@ def spark_session(app_name: str, *, master: str | None, need_kafka: bool,
     # then its master and configuration are the operator's, and --master is ignored.
     started = active is None and "PYSPARK_GATEWAY_PORT" not in os.environ
     if started:
-        session = _start(app_name, master or DEFAULT_MASTER, need_kafka, conf or {})
+        session = _start(app_name, master or DEFAULT_MASTER, conf or {})
     else:
         session = active or SparkSession.builder.appName(app_name).getOrCreate()
-        if need_kafka:
-            check_kafka_connector(session)  # ours always has it (jars.py)
     try:
         if kafka_sink:
             check_no_speculation(session)
@@ -56,33 +53,16 @@ def _describe(session: SparkSession) -> None:
              context.applicationId)
 
 
-def _start(app_name: str, master: str, need_kafka: bool,
-           conf: Mapping[str, str]) -> SparkSession:
+def _start(app_name: str, master: str, conf: Mapping[str, str]) -> SparkSession:
     # Workers must import this environment's packages (pyarrow, service, the transform).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.ui.showConsoleProgress", "false"))
-    if need_kafka:
-        builder = builder.config("spark.jars", jars.classpath(jars.ensure_jars()))
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(os.environ.get("TXSTAGE_SPARK_LOG_LEVEL", "WARN"))
     return session
-
-
-def check_kafka_connector(session: SparkSession) -> None:
-    """ConfigError unless Spark can load its Kafka source (spark-submit without --jars)."""
-    jvm = session.sparkContext._jvm
-    assert jvm is not None, "a started session has a JVM"
-    try:
-        loader = jvm.Thread.currentThread().getContextClassLoader()
-        jvm.Class.forName(KAFKA_PROVIDER, False, loader)
-    except Exception as exc:
-        raise ConfigError(
-            "Spark's Kafka connector is not on the classpath: pass "
-            "--jars \"$(python -m service.backfill jars)\" to spark-submit"
-        ) from exc
 
 
 def check_no_speculation(session: SparkSession) -> None:

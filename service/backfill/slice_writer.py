@@ -5,7 +5,8 @@ A slice attempt (a Spark task attempt, or a retry of it) runs these steps in ord
 1. ``init_transactions()`` under ``<prefix>.backfill.<job_id>.<slice>``: the coordinator
    aborts whatever an earlier attempt left open and fences it (its next call fails).
 2. Read the slice's committed progress (read_committed, after step 1, so it is final).
-3. Skip inputs below the progress offset; for each other input, ``process()`` it (the
+3. Read the inputs from there (a Kafka source seeks to it: service.backfill.slice_reader;
+   a file source skips inputs below it); for each input, ``process()`` it (the
    stream's own function: same outputs, same lineage headers, same dead-letter policy)
    and produce its outputs inside the open transaction.
 4. Every ``transaction_records`` inputs or ``transaction_ms``: produce the new progress
@@ -74,6 +75,8 @@ class IncompleteSliceError(RuntimeError):
 
 # From an offset, the first record (read_committed) below the slice's end, or None.
 Unread = Callable[[int], int | None]
+# From an offset (the committed progress), the slice's inputs in offset order.
+Read = Callable[[int], Iterable[Record]]
 
 
 @dataclass(slots=True)
@@ -114,8 +117,10 @@ class SliceWriter:
         self._failed: tuple[Failure, ...] = ()  # what the last failed commit's reports said
         self.outcome = SliceOutcome(SliceProgress.initial(task.piece))
 
-    def run(self, records: Iterable[Record]) -> SliceOutcome:
-        """Write the slice's outputs exactly once; returns what this attempt did."""
+    def run(self, read: Read) -> SliceOutcome:
+        """Write the slice's outputs exactly once, reading its inputs from the committed
+        progress (a source that cannot seek may hand over earlier ones: they are
+        skipped); returns what this attempt did."""
         self.producer.init()
         self.outcome.progress = self._committed_progress()
         if self.outcome.progress.done:
@@ -126,7 +131,7 @@ class SliceWriter:
         # refuses one (and an abort must never follow a commit time-out). Closing the
         # producer aborts what it still can; the next attempt's init_transactions the rest.
         resumed_at = self.outcome.progress.next_offset
-        self._write(records)
+        self._write(read(resumed_at))
         missing = self._missing(resumed_at)
         if missing is not None:
             self._commit(done=False)  # what was read is written: keep it

@@ -1,17 +1,17 @@
-"""Input DataFrames, all in rows.INPUT_DDL's shape, one Spark partition per slice or more.
+"""Input DataFrames: what Spark hands the tasks, one Spark partition per slice or more.
 
-Kafka: one read per slice (Spark's Kafka batch source, read_committed, headers
-included), unioned in plan order: a slice is exactly one Spark partition, read in offset
-order. Files: Parquet or JSON lines with the fields of service.Record; the plan counts
-them per chunk, then each row is tagged with its slice, rows are hash-partitioned by
-slice (a slice never spans two tasks) and sorted by offset within each partition.
+Kafka: one row per slice, a Spark partition each; its task reads the slice itself with
+librdkafka (tasks.KafkaInput, slice_reader), so no record crosses to the JVM. Files:
+Parquet or JSON lines with the fields of service.Record, in rows.INPUT_DDL's shape; the
+plan counts them per chunk, then each row is tagged with its slice, rows are
+hash-partitioned by slice (a slice never spans two tasks) and sorted by offset within
+each partition.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -20,7 +20,6 @@ from pyspark.sql import types as T
 from service.backfill.plan import PartitionRange, Slice
 from service.backfill.specs import FileSource
 from service.errors import ConfigError
-from service.settings import Settings
 
 REQUIRED = ("topic", "partition", "offset", "timestamp", "value")
 OPTIONAL = ("key", "headers")
@@ -28,62 +27,11 @@ HEADERS_TYPE = T.ArrayType(T.StructType([T.StructField("key", T.StringType()),
                                          T.StructField("value", T.BinaryType())]))
 
 
-# librdkafka property → Spark's Kafka source option (Java client) for what maps one to one.
-_SAME_MEANING = {"security.protocol": "security.protocol", "sasl.mechanism": "sasl.mechanism",
-                 "sasl.mechanisms": "sasl.mechanism", "client.rack": "client.rack"}
-_LOGIN_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
-                  "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
-                  "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule"}
-
-
-def kafka_reader_options(settings: Settings, extra: Mapping[str, str]) -> dict[str, str]:
-    """Options of Spark's Kafka source (a Java consumer) from the stage's librdkafka
-    settings: bootstrap, security protocol, SASL PLAIN/SCRAM credentials and a PEM CA
-    translate; anything else is passed with ``--reader-option <java property>=<value>``."""
-    props = {name: value.get_secret_value()
-             for name, value in {**settings.kafka, **settings.consumer}.items()}
-    options = {
-        "kafka.bootstrap.servers": settings.bootstrap_servers,
-        # The range is bounded and already written: a fetch with nothing to return (the
-        # end of a slice) would otherwise idle 500 ms per task. Halves a warm 100k read.
-        "kafka.fetch.max.wait.ms": "10",
-    }
-    options |= {f"kafka.{java}": props[name] for name, java in _SAME_MEANING.items()
-                if name in props}
-    mechanism = options.get("kafka.sasl.mechanism", "").upper()
-    if "sasl.username" in props and mechanism in _LOGIN_MODULES:
-        options["kafka.sasl.jaas.config"] = (
-            f'{_LOGIN_MODULES[mechanism]} required username="{props["sasl.username"]}" '
-            f'password="{props.get("sasl.password", "")}";')
-    if "ssl.ca.location" in props:
-        options["kafka.ssl.truststore.type"] = "PEM"
-        options["kafka.ssl.truststore.location"] = props["ssl.ca.location"]
-    options |= {f"kafka.{name}": value for name, value in extra.items()}
-    return options
-
-
-def kafka_slices(spark: SparkSession, options: Mapping[str, str],
-                 slices: Sequence[tuple[Slice, int]]) -> DataFrame:
-    """Union of one read per (slice, first offset to read); plan order is partition order."""
-    frames = [_kafka_range(spark, options, piece, start).withColumn("slice", F.lit(piece.index))
-              for piece, start in slices]
-    union = functools.reduce(DataFrame.union, frames)
-    return union.select("slice", "topic", "partition", "offset",
-                        F.unix_millis("timestamp").alias("timestamp"),
-                        "key", "value", "headers")
-
-
-def _kafka_range(spark: SparkSession, options: Mapping[str, str], piece: Slice,
-                 start: int) -> DataFrame:
-    topic, partition = piece.topic, str(piece.partition)
-    return (spark.read.format("kafka")
-            .options(**options)
-            .option("assign", json.dumps({topic: [piece.partition]}))
-            .option("startingOffsets", json.dumps({topic: {partition: start}}))
-            .option("endingOffsets", json.dumps({topic: {partition: piece.end}}))
-            .option("kafka.isolation.level", "read_committed")
-            .option("includeHeaders", "true")
-            .load())
+def slice_indexes(spark: SparkSession, slices: Sequence[Slice]) -> DataFrame:
+    """One row (``slice int``) per slice, each in its own Spark partition, in plan order:
+    the task reads the slice itself (tasks.KafkaInput)."""
+    indexes = [(piece.index,) for piece in slices]
+    return spark.sparkContext.parallelize(indexes, max(1, len(indexes))).toDF("slice int")
 
 
 def files(spark: SparkSession, source: FileSource) -> DataFrame:

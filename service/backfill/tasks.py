@@ -1,8 +1,11 @@
-"""What runs inside Spark tasks (Python workers): the transform and the Kafka slice writes.
+"""What runs inside Spark tasks (Python workers): reading, the transform, the slice writes.
 
 Functions here are shipped by reference (module path), so executors need ``service`` and
 the transform's module importable, exactly like the stream. They get everything else
 from the frozen, picklable objects below; the transform is loaded once per worker.
+
+A Kafka source reaches a task as slice indexes only (sources.slice_indexes): the task
+reads each slice itself (slice_reader). A file source reaches it as rows (rows.INPUT_DDL).
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from typing import Any
 import pyarrow as pa
 
 from service.admin import DEFAULT_MESSAGE_MAX_BYTES, Cluster, OutputLimits
-from service.backfill import kafka_clients, rows
+from service.backfill import kafka_clients, rows, slice_reader
 from service.backfill.plan import Slice, transactional_id
 from service.backfill.progress import SliceProgress
-from service.backfill.slice_writer import Process, SliceOutcome, SliceTask, SliceWriter
+from service.backfill.slice_writer import Process, Read, SliceOutcome, SliceTask, SliceWriter
 from service.checks import producer_max_bytes
 from service.kafka_config import admin_config, producer_config
 from service.processing import process
@@ -61,6 +64,25 @@ class KafkaSinkJob:
         return SliceTask(self.slices[index], self.job_id,
                          transactional_id(self.id_prefix, self.job_id, index),
                          self.progress_topic, self.transaction_records, self.transaction_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaInput:
+    """Where a task reads a Kafka source's slices from."""
+
+    settings: Settings
+    slices: dict[int, Slice]
+
+    def reader(self, index: int) -> Read:
+        piece = self.slices[index]
+        return functools.partial(slice_reader.read_range, self.settings, piece.topic,
+                                 piece.partition, end=piece.end)
+
+
+def slice_indexes(batches: Iterable[pa.RecordBatch]) -> Iterator[int]:
+    """The slice indexes of a task's rows (sources.slice_indexes)."""
+    for batch in batches:
+        yield from batch.column("slice").to_pylist()
 
 
 @functools.cache
@@ -105,29 +127,65 @@ class Counters:
         return int(self.inputs.value), int(self.outputs.value), int(self.dead.value)
 
 
+OUTPUT_BATCH = 10_000  # output rows per Arrow batch handed back to Spark
+
+
 def transform_to_rows(spec: Processing, counters: Counters,
                       batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body of the Parquet sink: inputs → output rows (a poison record with no
-    dead-letter topic raises, failing the task and so the job: nothing is written)."""
-    run = processor(spec)
+    """mapInArrow body of the Parquet sink from files: inputs → output rows (a poison
+    record with no dead-letter topic raises, failing the task and so the job: nothing
+    is written)."""
     for batch in batches:
-        out: list[dict[str, Any]] = []
-        records = dead = 0
-        for _, record in rows.sliced_records([batch]):
-            result = run(record)
-            out.extend(rows.output_row(o, record, i) for i, o in enumerate(result.outputs))
-            records += 1
-            dead += int(result.dead_lettered)
-        counters.add(records, len(out), dead)
-        yield rows.output_batch(out)
+        yield from _output_batches(spec, counters,
+                                   (record for _, record in rows.sliced_records([batch])))
+
+
+def read_to_rows(source: KafkaInput, spec: Processing, counters: Counters,
+                 batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body of the Parquet sink from Kafka: each slice read, transformed."""
+    for index in slice_indexes(batches):
+        piece = source.slices[index]
+        yield from _output_batches(spec, counters, source.reader(index)(piece.start))
+
+
+def _output_batches(spec: Processing, counters: Counters,
+                    records: Iterable[Record]) -> Iterator[pa.RecordBatch]:
+    run = processor(spec)
+    out: list[dict[str, Any]] = []
+    inputs = dead = 0
+    for record in records:
+        result = run(record)
+        out.extend(rows.output_row(o, record, i) for i, o in enumerate(result.outputs))
+        inputs += 1
+        dead += int(result.dead_lettered)
+        if len(out) >= OUTPUT_BATCH:
+            counters.add(inputs, len(out), dead)
+            yield rows.output_batch(out)
+            out, inputs, dead = [], 0, 0
+    counters.add(inputs, len(out), dead)
+    yield rows.output_batch(out)
 
 
 def write_kafka_slices(job: KafkaSinkJob,
                        batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body of the Kafka sink: each slice in this task, one after the other."""
+    """mapInArrow body of the Kafka sink from files: each slice in this task, in turn."""
     grouped = itertools.groupby(rows.sliced_records(batches), key=operator.itemgetter(0))
     for index, group in grouped:
-        outcome = write_slice(job, index, (record for _, record in group))
+        records = (record for _, record in group)
+        outcome = write_slice(job, index, functools.partial(_given, records))
+        yield rows.summary_batch(summary(index, outcome))
+
+
+def _given(records: Iterable[Record], _start: int) -> Iterable[Record]:
+    return records  # rows from Spark: the writer skips those below its progress
+
+
+def read_kafka_slices(source: KafkaInput, job: KafkaSinkJob,
+                      batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body of the Kafka sink from Kafka: each slice read from its committed
+    progress, transformed and written, in turn."""
+    for index in slice_indexes(batches):
+        outcome = write_slice(job, index, source.reader(index))
         yield rows.summary_batch(summary(index, outcome))
 
 
@@ -151,10 +209,10 @@ def slice_writer(job: KafkaSinkJob, index: int) -> SliceWriter:
                        dlq_topic=job.processing.dlq_topic, unread=unread)
 
 
-def write_slice(job: KafkaSinkJob, index: int, records: Iterable[Record]) -> SliceOutcome:
+def write_slice(job: KafkaSinkJob, index: int, read: Read) -> SliceOutcome:
     writer = slice_writer(job, index)
     try:
-        return writer.run(records)
+        return writer.run(read)
     finally:
         writer.producer.close()
 

@@ -1,6 +1,7 @@
 """The backfill image (``txstage-backfill:dev``) runs a Kafka → Kafka backfill of the
-stage image's input with no network beyond the broker (Spark's Kafka connector is baked
-in at build time), and its outputs equal the stage container's record for record."""
+stage image's input with no network beyond the broker (nothing is fetched at run time:
+the tasks read Kafka with librdkafka), and its outputs equal the stage container's
+record for record."""
 
 from __future__ import annotations
 

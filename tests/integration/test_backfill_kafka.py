@@ -239,11 +239,11 @@ def test_an_older_attempt_still_running_is_fenced_and_publishes_nothing(
         for record in inputs:
             if record.offset == 50:  # old has committed 0..39 and holds 40..49 open
                 old.producer._producer.flush(10)  # ...on the broker, not just queued
-                assert new.run(inputs).progress.done
+                assert new.run(lambda _start: inputs).progress.done
             yield record
 
     with pytest.raises(FencedError):
-        old.run(feed())
+        old.run(lambda _start: feed())
     old.producer.close()
     new.producer.close()
     assert new.outcome.skipped == 40 and new.outcome.records == 60

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from service.backfill.config import Flags, build
-from service.backfill.sources import kafka_reader_options
 from service.backfill.specs import parse_sink, parse_source
 
 ENV = {"TXSTAGE_BOOTSTRAP_SERVERS": "b:9092", "TXSTAGE_TRANSFORM": "service.examples.square:square",
@@ -49,16 +48,3 @@ def test_files_to_parquet_need_no_kafka() -> None:
     assert build(flags("jsonl:///in", "parquet:///out"), env).settings is None
 
 
-def test_reader_options_translate_librdkafka_security_settings() -> None:
-    env = {**ENV, "TXSTAGE_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
-           "TXSTAGE_KAFKA__SASL_MECHANISMS": "SCRAM-SHA-512",
-           "TXSTAGE_KAFKA__SASL_USERNAME": "bf", "TXSTAGE_KAFKA__SASL_PASSWORD": "s3cret",
-           "TXSTAGE_KAFKA__SSL_CA_LOCATION": "/etc/ca.pem"}
-    options = kafka_reader_options(build(flags(), env).kafka(), {"fetch.max.bytes": "1"})
-    assert options["kafka.bootstrap.servers"] == "b:9092"
-    assert options["kafka.security.protocol"] == "SASL_SSL"
-    assert options["kafka.sasl.mechanism"] == "SCRAM-SHA-512"
-    assert 'ScramLoginModule required username="bf" password="s3cret";' in \
-        options["kafka.sasl.jaas.config"]
-    assert options["kafka.ssl.truststore.type"] == "PEM"
-    assert options["kafka.fetch.max.bytes"] == "1"

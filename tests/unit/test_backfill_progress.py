@@ -44,11 +44,13 @@ class FakeConsumer:
     def __init__(self, batches: list[list[Message]]) -> None:
         self.batches = batches
         self.assigned: list[Any] = []
+        self.asked: list[int] = []
 
     def assign(self, partitions: list[Any]) -> None:
         self.assigned = partitions
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        self.asked.append(num_messages)
         return self.batches.pop(0) if self.batches else []
 
     def close(self) -> None:
@@ -86,6 +88,20 @@ def test_reading_waits_past_the_last_stable_offset_up_to_the_high_watermark() ->
         [Message(4, slice_key("job", 1), progress(1, 30)), Message(6, eof=True)],
     ])
     state = read_job(consumer, "progress", "job", high_watermark=6)
+    assert state.slices[1].next_offset == 30
+
+
+def test_the_read_starts_at_the_low_watermark_and_asks_for_no_more_than_is_left() -> None:
+    # A logical OFFSET_BEGINNING costs a new consumer librdkafka's 500 ms offset-query
+    # retry; consume() waits its whole timeout unless it gets as many messages as asked.
+    consumer = FakeConsumer([
+        [Message(40, slice_key("job", 1), progress(1, 10))],
+        [Message(42, slice_key("job", 1), progress(1, 30)), Message(44, eof=True)],
+    ])
+    state = read_job(consumer, "progress", "job", high_watermark=44, low_watermark=40)
+    assert [(p.topic, p.partition, p.offset) for p in consumer.assigned] == \
+        [("progress", 0, 40)]
+    assert consumer.asked == [4, 3]
     assert state.slices[1].next_offset == 30
 
 

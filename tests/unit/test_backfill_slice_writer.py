@@ -119,7 +119,7 @@ def run(producer: FakeProducer, inputs: Iterator[Record], committed: SliceProgre
         TASK.transaction_records, TASK.transaction_ms)
     writer = SliceWriter(task, producer, lambda: committed, processing,  # type: ignore[arg-type]
                          dlq_topic=dlq, unread=unread)
-    writer.run(inputs)
+    writer.run(lambda _start: inputs)
     return writer
 
 
@@ -169,7 +169,7 @@ def test_abortable_commit_is_aborted_and_replayed_without_calling_the_transform_
                        max_bytes=lambda _: 1 << 20)
 
     writer = SliceWriter(TASK, producer, lambda: None, processing)  # type: ignore[arg-type]
-    writer.run(records(100, 115))
+    writer.run(lambda _start: records(100, 115))
     assert sources(producer.outputs()) == list(range(100, 115))
     assert calls == list(range(100, 115))
     assert writer.outcome.aborts == 1 and "abort" in producer.calls

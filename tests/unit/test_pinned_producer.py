@@ -23,6 +23,15 @@ def pinned() -> tuple[PinnedProducer, Producer]:
     return producer, fake
 
 
+def test_init_connects_before_asking_for_a_transactional_pid() -> None:
+    # Asked before any connection is up, the PID waits for librdkafka's 500 ms timer.
+    producer, fake = pinned()
+    fake.list_topics.side_effect = KafkaException(KafkaError(KafkaError._TRANSPORT, "down"))
+    producer.init()  # a failed warm-up is init_transactions' to report, if it persists
+    assert [c[0] for c in fake.mock_calls[:2]] == ["list_topics", "init_transactions"]
+    assert fake.list_topics.call_args.args == ("in",)
+
+
 def test_produce_in_an_abortable_transaction_is_abortable() -> None:
     producer, fake = pinned()
     fake.produce.side_effect = KafkaException(KafkaError(KafkaError._STATE, "Erroneous state"))
