@@ -24,7 +24,6 @@ lint: install
 
 test: install lint
 	$(PY) -m service kafka install
-	$(PY) -m service.backfill jars >/dev/null
 	TXSTAGE_PROMTOOL="$$(bash deploy/tools/promtool.sh)" $(PY) -m pytest $(PYTEST_ARGS)
 
 unit: install

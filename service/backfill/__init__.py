@@ -9,9 +9,10 @@ Modules, in the order a job meets them:
     plan.py          slices, job id, transactional ids
     progress.py      the plan and per-slice progress in a compacted topic
     job.py           the driver: check, plan, run, report
-    session.py, jars.py   the SparkSession and Spark's Kafka connector
+    session.py       the SparkSession
     sources.py       input DataFrames, one Spark partition per slice
-    tasks.py         what Spark tasks run: the transform, the Kafka slice writes
+    tasks.py         what Spark tasks run: reading, the transform, the Kafka slice writes
+    slice_reader.py  one slice's Kafka input, read in its task with librdkafka
     slice_writer.py  the exactly-once unit: one slice, one transactional producer
     rows.py          Spark rows ↔ Record / Produced
     report.py        the plan, progress lines, the summary

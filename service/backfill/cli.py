@@ -1,4 +1,4 @@
-"""``txstage backfill [run|verify|jars] ...``: arguments in, exit code out.
+"""``txstage backfill [run|verify] ...``: arguments in, exit code out.
 
 Exit codes: 0 done (or identical, for verify), 1 the job failed (or verify found
 differences), 2 bad arguments or configuration, one line per problem on stderr.
@@ -13,14 +13,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from service.backfill import config, jars, parity, plan
+from service.backfill import config, parity, plan
 from service.backfill.specs import KafkaSource, parse_sink, parse_source
 from service.errors import ConfigError
 from service.lineage import Lineage
 from service.settings import environment
 
 PROG = "txstage backfill"
-COMMANDS = ("run", "verify", "jars")
+COMMANDS = ("run", "verify")
 _PYTHON_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$", re.MULTILINE)
 
 log = logging.getLogger("txstage.backfill")
@@ -197,24 +197,7 @@ def _input_range(text: str, env: dict[str, str],
     return parity.within_slices(plan.slice_ranges(ranges, 1 << 62))
 
 
-# -- jars --------------------------------------------------------------------------------
-
-
-def _jars(args: list[str]) -> int:
-    p = _Parser(prog=f"{PROG} jars", description="Resolve Spark's Kafka connector for the "
-                "installed PySpark into the cache (Maven, once) and print the list for "
-                "spark-submit --jars.")
-    p.parse_args(args)
-    try:
-        print(jars.classpath(jars.ensure_jars()))
-    except jars.JarResolutionError as exc:
-        print(f"{PROG}: failed: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-_COMMANDS: dict[str, Callable[[list[str]], int]] = {"run": _run, "verify": _verify,
-                                                    "jars": _jars}
+_COMMANDS: dict[str, Callable[[list[str]], int]] = {"run": _run, "verify": _verify}
 
 
 def _positive(text: str) -> int:

@@ -1,7 +1,7 @@
 """A Spark standalone cluster on this machine, started with PySpark's own
 ``bin/spark-class`` (a master and workers, each a JVM on 127.0.0.1): what a backfill
-meets on a real cluster — a separate driver, executors in other JVMs, the connector
-shipped by ``spark.jars`` — without anything but the pip-installed PySpark.
+meets on a real cluster — a separate driver, executors in other JVMs — without anything
+but the pip-installed PySpark.
 
 ``with StandaloneSpark(tmp_path, workers=2) as spark: spark.master_url`` — every
 process is stopped at exit. Raises RuntimeError (with the logs) if the cluster does not

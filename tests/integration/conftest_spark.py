@@ -5,8 +5,8 @@ backfill_fixture, spark_fixture``); pytest knows them as ``spark`` and ``backfil
 
 The session starts once per test run and is ``local[2,4]``: two cores like the target
 box, and up to four attempts per task, because plain ``local[2]`` never retries a failed
-task and the retry is what the fault tests exercise. The Kafka connector comes from the
-project's own cache (service.backfill.jars, resolved with Maven on first use). Python
+task and the retry is what the fault tests exercise. No Spark Kafka connector is on the
+classpath: the backfill's tasks read and write Kafka with librdkafka. Python
 workers run this interpreter from the repository root, so
 ``tests.integration.backfill_faults`` imports in them as it does here.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from service.backfill import jars, main
+from service.backfill import main
 from tests.harness.kafka import KafkaService
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,6 @@ def _session() -> SparkSession:
     path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
     session = (SparkSession.builder.master(MASTER).appName("txstage-backfill-tests")
-               .config("spark.jars", jars.classpath(jars.ensure_jars()))
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "4")
@@ -67,7 +66,7 @@ class Backfill:
 
     def __call__(self, *argv: str) -> tuple[int, str, str]:
         """Exit code, stdout, stderr."""
-        quiet = () if argv and argv[0] in ("verify", "jars") else ("--progress-interval", "0")
+        quiet = () if argv and argv[0] == "verify" else ("--progress-interval", "0")
         code = main([*argv, *quiet])
         captured = self.capsys.readouterr()
         return code, captured.out, captured.err

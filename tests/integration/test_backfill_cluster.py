@@ -3,9 +3,10 @@
 A standalone cluster (a master and two workers, started with PySpark's own
 ``spark-class``: tests/harness/spark_cluster.py) and a driver of its own (``python -m
 service.backfill run --master spark://...`` in a subprocess): the executors are other
-JVMs, their Python workers other processes, the Kafka connector reaches them through
-``spark.jars``. The job must write every input's outputs exactly once, with tasks on
-both workers, and a second run must write nothing.
+JVMs, their Python workers other processes, and no Spark Kafka connector is on any
+classpath (the tasks read and write Kafka with librdkafka). The job must write every
+input's outputs exactly once, with tasks on both workers, and a second run must write
+nothing.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from service import Record
-from service.backfill import jars, main, parity
+from service.backfill import main, parity
 from service.examples.square import square
 from service.verify import expected_outputs, read_topics
 from tests.integration.conftest import PARTITIONS, StageSetup
@@ -170,7 +170,7 @@ def test_spark_submit_runs_the_entry_file(tmp_path: Path) -> None:
            "TXSTAGE_OUTPUT_TOPIC": "squares", "TXSTAGE_DLQ_TOPIC": "dead"}
     result = subprocess.run(
         [str(spark_submit), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
-         "--jars", jars.classpath(jars.ensure_jars()), "service/backfill/__main__.py",
+         "service/backfill/__main__.py",
          "--source", f"jsonl://{tmp_path}/in.jsonl", "--sink", f"parquet://{tmp_path}/out",
          "--progress-interval", "0"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from service import Record
-from service.backfill import config, jars, kafka_clients, parity, progress, tasks
+from service.backfill import config, kafka_clients, parity, progress, tasks
 from service.backfill.plan import Slice
 from service.backfill.specs import parse_sink, parse_source
 from service.deadletter import ERROR_CLASS
@@ -192,6 +192,30 @@ def test_a_progress_topic_with_several_partitions_resumes_a_retried_slice_exactl
     assert stored and {r.partition for r in stored} == {progress.PARTITION}
 
 
+def test_spark_submit_needs_no_kafka_connector_and_reads_each_slice_in_its_task(
+        new_topic: NewTopic, backfill: Backfill) -> None:
+    # The tasks read Kafka with librdkafka (service.backfill.slice_reader): spark-submit
+    # without --jars runs a Kafka -> Kafka job. The old job read through Spark's Kafka
+    # source and refused to start without the connector (exit 2).
+    source, out = new_topic(partitions=2, prefix="in"), new_topic(partitions=2, prefix="out")
+    produce_inputs(backfill.bootstrap, source, range(400), 2)
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[2]",
+         "--conf", "spark.ui.enabled=false", "service/backfill/__main__.py",
+         "--source", f"kafka://{source}", "--sink", f"kafka://{out}", "--dlq-topic", "",
+         "--slice-records", "100", "--progress-interval", "0",
+         "--bootstrap-servers", backfill.bootstrap],
+        cwd=REPO_ROOT, env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+                            "TXSTAGE_TRANSFORM": "service.examples.square:square"},
+        capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    expected = expected_outputs(read_topics(backfill.bootstrap, [source]), square,
+                                default_topic=out, dlq_topic=None)
+    wanted = [parity.Output(p.topic, p.key, p.value, tuple(p.headers)) for p in expected.values()]
+    report = parity.compare(wanted, list(parity.from_topics(backfill.bootstrap, [out])))
+    assert report.ok and report.actual == 400, report.problems()
+
+
 def test_a_kafka_sink_refuses_a_spark_that_speculates(new_topic: NewTopic,
                                                      backfill: Backfill) -> None:
     # Issue 12, defect 5: a speculative copy of a slice's task fences the attempt still
@@ -205,7 +229,7 @@ def test_a_kafka_sink_refuses_a_spark_that_speculates(new_topic: NewTopic,
     result = subprocess.run(
         [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[2]",
          "--conf", "spark.ui.enabled=false", "--conf", "spark.speculation=true",
-         "--jars", jars.classpath(jars.ensure_jars()), "service/backfill/__main__.py",
+         "service/backfill/__main__.py",
          "--source", f"kafka://{source}", "--sink", f"kafka://{out}", "--dlq-topic", "",
          "--progress-interval", "0"],
         cwd=REPO_ROOT, env={**os.environ, "PYSPARK_PYTHON": sys.executable},
