@@ -4,9 +4,11 @@ One broker, one pre-filled input topic (bench.throughput's workload), then:
 
 1. ``stream``: one exactly-once replica over it (bench.throughput.measure: timed from its
    first output to its committed offsets reaching the input end, startup excluded);
-2. ``backfill``: ``txstage backfill`` Kafka → Kafka on ``local[2,4]`` in this process,
-   twice under two job ids: ``cold`` in a fresh JVM (what an operator's run costs) and
-   ``warm`` (JIT and connector loaded). Each reports the Spark job's own time (reading,
+2. ``backfill``: ``txstage backfill`` Kafka → Kafka on ``local[2,4]`` in this process
+   (or, with ``--standalone-workers N``, on a Spark standalone cluster of N one-core
+   workers started here: service.backfill.standalone), twice under two job ids:
+   ``cold`` in a fresh JVM (what an operator's run costs) and ``warm`` (JIT loaded,
+   Python workers started). Each reports the Spark job's own time (reading,
    transforming, writing, committing: startup and planning excluded) and its end-to-end
    time (Spark start, planning, progress topic, summary included).
 
@@ -17,11 +19,13 @@ the figures only count if the outputs are the same records.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from bench.common import ensure_topics
 from bench.throughput import TRANSFORM, broker, measure, start_run, workload
@@ -51,6 +55,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--commit-interval-ms", type=int, default=100,
                         help="the stream's TXSTAGE_COMMIT_INTERVAL_MS (design: 100)")
     parser.add_argument("--master", default="local[2,4]")
+    parser.add_argument("--standalone-workers", type=int, default=0, metavar="N",
+                        help="run the backfills on a standalone cluster of N one-core "
+                             "workers started here (ignores --master)")
+    parser.add_argument("--slice-records", type=int, default=None,
+                        help="the backfill's --slice-records (default: its own)")
     parser.add_argument("--transaction-records", type=int, default=5000)
     parser.add_argument("--bootstrap", default=None,
                         help="an existing broker (default: start a private single node)")
@@ -66,9 +75,31 @@ def run_backfill(bootstrap: str, topic: str, output: str, args: argparse.Namespa
         job_id=f"bench-{run_id}-{name}", transform=TRANSFORM, dlq_topic="",
         bootstrap_servers=bootstrap, transactional_id_prefix=f"bench-{run_id}",
         transaction_records=args.transaction_records, master=args.master,
-        progress_interval_s=0)
+        spark_conf=args.spark_conf, progress_interval_s=0,
+        **({"slice_records": args.slice_records} if args.slice_records else {}))
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TXSTAGE_")}
     return execute(config.build(flags, env))
+
+
+@contextlib.contextmanager
+def spark_cluster(args: argparse.Namespace, log_dir: Path,
+                  say: Callable[[str], None]) -> Iterator[None]:
+    """With --standalone-workers: a cluster for the backfills, its URL as args.master."""
+    args.spark_conf = {}
+    if not args.standalone_workers:
+        yield
+        return
+    from service.backfill.standalone import StandaloneSpark
+
+    cluster = StandaloneSpark(log_dir / "spark", workers=args.standalone_workers, cores=1,
+                              memory="1g")
+    with cluster:
+        os.environ.update(cluster.env())  # this driver's Python workers: the same paths
+        args.master = cluster.master_url
+        args.spark_conf = {"spark.executor.memory": "512m", "spark.executor.cores": "1"}
+        say(f"spark standalone cluster {cluster.master_url}: {args.standalone_workers} "
+            f"worker(s) x 1 core")
+        yield
 
 
 def check(bootstrap: str, stream_output: str, output: str) -> parity.ParityReport:
@@ -83,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"txstage backfill bench {run_id}: {args.records:,} records x {args.value_bytes} B, "
         f"{args.partitions} partitions, {args.master}, {info['cpus']} CPUs, "
         f"load {info['loadavg_at_start']}")
-    with broker(args.bootstrap, say) as bootstrap:
+    with broker(args.bootstrap, say) as bootstrap, spark_cluster(args, log_dir, say):
         w = workload(bootstrap, run_id, log_dir, args, args.partitions)
         say(f"input {w.topic}: prefilled in {w.prefill_s:.1f} s")
         stream = measure(w, "exactly_once")

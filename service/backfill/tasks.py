@@ -195,7 +195,8 @@ def slice_writer(job: KafkaSinkJob, index: int) -> SliceWriter:
     piece, settings = task.piece, job.settings
     producer = PinnedProducer(producer_config(settings, task.transactional_id), piece.topic,
                               piece.partition,
-                              deadline_s=settings.transaction_timeout_ms / 1000 + 30)
+                              deadline_s=settings.transaction_timeout_ms / 1000 + 30,
+                              connect_first=True)
 
     def committed() -> SliceProgress | None:
         state = kafka_clients.read_job(settings, job.progress_topic, job.job_id)

@@ -1,7 +1,7 @@
 """Issue 12: the backfill on a real Spark cluster, not local mode.
 
 A standalone cluster (a master and two workers, started with PySpark's own
-``spark-class``: tests/harness/spark_cluster.py) and a driver of its own (``python -m
+``spark-class``: service/backfill/standalone.py) and a driver of its own (``python -m
 service.backfill run --master spark://...`` in a subprocess): the executors are other
 JVMs, their Python workers other processes, and no Spark Kafka connector is on any
 classpath (the tasks read and write Kafka with librdkafka). The job must write every
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from service.backfill.standalone import StandaloneSpark
 from service.examples.square import square
 from service.verify import verify
 from tests.harness.kafka import KafkaService
 from tests.harness.reading import end_offsets
-from tests.harness.spark_cluster import StandaloneSpark
 from tests.integration.replicas import produce_inputs
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]

@@ -16,20 +16,24 @@ from service.producer import PinnedProducer
 OUT = Produced("out", b"k", b"v", [])
 
 
-def pinned() -> tuple[PinnedProducer, Producer]:
+def pinned(*, connect_first: bool = False) -> tuple[PinnedProducer, Producer]:
     fake = create_autospec(Producer, instance=True)
     with patch("service.producer.Producer", return_value=fake):
-        producer = PinnedProducer({"transactional.id": "g.in.0"}, "in", 0, deadline_s=0.2)
+        producer = PinnedProducer({"transactional.id": "g.in.0"}, "in", 0, deadline_s=0.2,
+                                  connect_first=connect_first)
     return producer, fake
 
 
 def test_init_connects_before_asking_for_a_transactional_pid() -> None:
     # Asked before any connection is up, the PID waits for librdkafka's 500 ms timer.
-    producer, fake = pinned()
+    producer, fake = pinned(connect_first=True)
     fake.list_topics.side_effect = KafkaException(KafkaError(KafkaError._TRANSPORT, "down"))
     producer.init()  # a failed warm-up is init_transactions' to report, if it persists
     assert [c[0] for c in fake.mock_calls[:2]] == ["list_topics", "init_transactions"]
     assert fake.list_topics.call_args.args == ("in",)
+    stage_producer, fake = pinned()  # the stage's: see PinnedProducer.init
+    stage_producer.init()
+    fake.list_topics.assert_not_called()
 
 
 def test_produce_in_an_abortable_transaction_is_abortable() -> None:

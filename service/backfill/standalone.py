@@ -1,7 +1,8 @@
 """A Spark standalone cluster on this machine, started with PySpark's own
 ``bin/spark-class`` (a master and workers, each a JVM on 127.0.0.1): what a backfill
 meets on a real cluster — a separate driver, executors in other JVMs — without anything
-but the pip-installed PySpark.
+but the pip-installed PySpark. The tests and ``python -m bench.backfill
+--standalone-workers N`` run on it; an operator can try a cluster run the same way.
 
 ``with StandaloneSpark(tmp_path, workers=2) as spark: spark.master_url`` — every
 process is stopped at exit. Raises RuntimeError (with the logs) if the cluster does not
@@ -24,7 +25,9 @@ from typing import Any
 
 import pyspark
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# Where ``service`` is importable from (the repository, or site-packages): executors'
+# Python workers need it and the transform's module on their path.
+IMPORT_ROOT = Path(__file__).resolve().parents[2]
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 
 
@@ -47,10 +50,10 @@ class StandaloneSpark:
 
     def env(self) -> dict[str, str]:
         """What the cluster's JVMs and the Python workers they start need: this
-        interpreter, and the repository importable (the transform, service)."""
+        interpreter, and ``service`` (and a transform beside it) importable."""
         path = os.environ.get("PYTHONPATH", "")
         return {**os.environ, "SPARK_HOME": str(SPARK_HOME), "PYSPARK_PYTHON": sys.executable,
-                "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), path) if p),
+                "PYTHONPATH": os.pathsep.join(p for p in (str(IMPORT_ROOT), path) if p),
                 "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1",
                 "SPARK_LOG_DIR": str(self.work_dir), "SPARK_WORKER_DIR": str(self.work_dir)}
 
