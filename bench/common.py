@@ -157,6 +157,44 @@ class ProcStatus:
     threads: int
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: Iterable[int]) -> float | None:
+    """User + system CPU of ``pids`` and their reaped children (``/proc/<pid>/stat``
+    utime, stime, cutime, cstime); None when one is gone or there is none."""
+    total = 0
+    pids = list(pids)
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 on
+        total += sum(int(v) for v in fields[11:15])
+    return total / _CLOCK_TICKS if pids else None
+
+
+def listening_pids(bootstrap: str) -> tuple[int, ...]:
+    """The local processes listening on ``bootstrap``'s ports (a broker on this box:
+    its JVM), found through ``/proc/net/tcp*`` and each process's socket descriptors;
+    () for a broker elsewhere."""
+    ports = {int(address.rpartition(":")[2]) for address in bootstrap.split(",")}
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) in ports:
+                    inodes.add(f"socket:[{fields[9]}]")
+    pids = set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in inodes for fd in fd_dir.iterdir()):
+                pids.add(int(fd_dir.parent.name))
+    return tuple(sorted(pids))
+
+
 def proc_status(pid: int) -> ProcStatus:
     """VmRSS and Threads from /proc/<pid>/status."""
     fields: dict[str, str] = {}

@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry
 
 from bench.bare import process as bare_process
 from bench.transforms import identity
+from service import interpreter
 from service.admin import OutputLimits
 from service.health import Health
 from service.metrics import Metrics
@@ -130,6 +131,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     batches = _batches(args.records)
+    interpreter.tune_gc()  # as `txstage run` does once start-up is done
     results: dict[str, list[float]] = {"stage_eos": [], "stage_alo": [], "bare": []}
     for _ in range(args.repeat):
         for guarantee, name in (("exactly_once", "stage_eos"), ("at_least_once", "stage_alo")):

@@ -30,7 +30,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import confluent_kafka
@@ -44,10 +44,12 @@ from bench.common import (
     StageProcess,
     TopicPartitionKey,
     behind,
+    cpu_seconds,
     ensure_topics,
     free_port,
     histogram,
     http_get,
+    listening_pids,
     metric_value,
     partitions_of,
     proc_status,
@@ -79,6 +81,8 @@ class Workload:
     ends: dict[TopicPartitionKey, int]
     prefill_s: float
     commit_interval_ms: int = COMMIT_INTERVAL_MS
+    broker_pids: tuple[int, ...] = ()  # the broker's JVM when it runs on this box
+    broker_idle_cpu_per_s: float = 0.0  # its CPU rate with no client working
 
     @property
     def timeout_s(self) -> float:
@@ -113,6 +117,10 @@ class ModeResult:
     duplicates: int = 0
     outputs_found: int = 0
     loadavg_1m: float = 0.0  # at the start: other work on the box skews absolute figures
+    # CPU-seconds per 100,000 records over the measured window: the process's own (all
+    # its threads), and the broker's above its idle rate (None: not on this box)
+    cpu_s_per_100k: float | None = None
+    broker_cpu_s_per_100k: float | None = None
 
 
 # ---------------------------------------------------------------------------- workload
@@ -149,7 +157,19 @@ def workload(bootstrap: str, run_id: str, log_dir: Path, args: argparse.Namespac
     if sum(ends.values()) != args.records:
         raise RuntimeError(f"{topic} holds {sum(ends.values())} records, not {args.records}")
     return Workload(bootstrap, topic, partitions, args.records, args.value_bytes, run_id,
-                    log_dir, ends, seconds, args.commit_interval_ms)
+                    log_dir, ends, seconds, args.commit_interval_ms,
+                    broker_pids=listening_pids(bootstrap))
+
+
+def with_broker_idle_rate(w: Workload, seconds: float = 3.0) -> Workload:
+    """``w`` with its broker's CPU rate while no client works (subtracted from each
+    mode's broker CPU: what the mode *caused*)."""
+    before = cpu_seconds(w.broker_pids)
+    time.sleep(seconds)
+    after = cpu_seconds(w.broker_pids)
+    if before is None or after is None:
+        return w
+    return replace(w, broker_idle_cpu_per_s=(after - before) / seconds)
 
 
 # ------------------------------------------------------------------------------ a mode
@@ -226,8 +246,10 @@ def measure(w: Workload, mode: str, *, argv: Sequence[str] | None = None,
             memory["at_ready"] = proc_status(proc.pid)
             first = _poll(lambda: sum(probe.end_offsets(out_keys).values()) > 0, proc,
                           w.timeout_s, FIRST_OUTPUT_POLL_S, "first output")
+            cpu_first = cpu_seconds([proc.pid]), cpu_seconds(w.broker_pids)
             done = _poll(lambda: behind(w.ends, probe.committed(w.ends)) == 0, proc,
                          w.timeout_s, POLL_S, "all inputs committed")
+            cpu_done = cpu_seconds([proc.pid]), cpu_seconds(w.broker_pids)
             memory["at_end"] = proc_status(proc.pid)
             text = proc.metrics()
         finally:
@@ -239,9 +261,21 @@ def measure(w: Workload, mode: str, *, argv: Sequence[str] | None = None,
                         mb_per_s=round(w.records * w.value_bytes / seconds / 1e6, 2),
                         startup_s=round(ready_at - launched, 3), exit_code=code,
                         log=str(proc.log_path), memory=memory, loadavg_1m=round(load, 2))
+    _cpu(result, w, cpu_first, cpu_done)
     _read_metrics(result, text)
     _verify(result, w, group, output)
     return result
+
+
+def _cpu(result: ModeResult, w: Workload, first: tuple[float | None, float | None],
+         done: tuple[float | None, float | None]) -> None:
+    per_100k = 100_000 / w.records
+    (own0, broker0), (own1, broker1) = first, done
+    if own0 is not None and own1 is not None:
+        result.cpu_s_per_100k = round((own1 - own0) * per_100k, 3)
+    if broker0 is not None and broker1 is not None:
+        caused = broker1 - broker0 - w.broker_idle_cpu_per_s * result.seconds
+        result.broker_cpu_s_per_100k = round(caused * per_100k, 3)
 
 
 def _ms(value: float | None) -> float | None:
@@ -290,8 +324,12 @@ def ratio(a: float, b: float) -> float:
 
 def ratios(results: dict[str, ModeResult]) -> dict[str, float]:
     eos, alo, bare = (results[m].records_per_s for m in MODES)
+    broker_eos, broker_alo = (results[m].broker_cpu_s_per_100k for m in MODES[:2])
     return {"eos_over_alo": ratio(eos, alo), "eos_over_bare": ratio(eos, bare),
-            "alo_over_bare": ratio(alo, bare)}
+            "alo_over_bare": ratio(alo, bare),
+            "broker_cpu_eos_over_alo": (ratio(broker_eos, broker_alo)
+                                        if broker_eos is not None and broker_alo
+                                        else float("nan"))}
 
 
 def median_ratios(runs: dict[str, list[ModeResult]]) -> dict[str, float]:
@@ -334,6 +372,12 @@ def _startup_lines(results: Sequence[ModeResult]) -> list[str]:
                      f"{_fmt(r.producer_init_mean_ms, ' ms')} (p99 <= "
                      f"{_fmt(r.producer_init_p99_ms, ' ms')})")
     return lines
+
+
+def _cpu_lines(results: Sequence[ModeResult]) -> list[str]:
+    return [f"  {r.mode:<14} {r.partitions:>3} partitions: process "
+            f"{_fmt(r.cpu_s_per_100k, ' s', 2)}, broker {_fmt(r.broker_cpu_s_per_100k, ' s', 2)}"
+            for r in results]
 
 
 def _memory(status: ProcStatus | None) -> str:
@@ -469,8 +513,10 @@ def run(args: argparse.Namespace) -> int:
             return run_profile(w, args.profile.resolve(), args.profiler, args.top, say,
                                args.profile_mode)
         warm_up(w, args.warm_up, say)
+        w = with_broker_idle_rate(w)
         runs = run_modes(w, args.repeat, say)
-        scaling = run_scaling(bootstrap, run_id, log_dir, args, say) if args.scaling else []
+        scaling = (run_scaling(bootstrap, run_id, log_dir, args, say,
+                               w.broker_idle_cpu_per_s) if args.scaling else [])
     return report(args, info, w, runs, scaling)
 
 
@@ -515,10 +561,11 @@ def median_run(runs: list[ModeResult]) -> ModeResult:
 
 
 def run_scaling(bootstrap: str, run_id: str, log_dir: Path, args: argparse.Namespace,
-                say: Callable[[str], None]) -> list[ModeResult]:
+                say: Callable[[str], None], broker_idle_cpu_per_s: float) -> list[ModeResult]:
     results = []
     for partitions in SCALING_PARTITIONS:
-        w = workload(bootstrap, run_id, log_dir, args, partitions)
+        w = replace(workload(bootstrap, run_id, log_dir, args, partitions),
+                    broker_idle_cpu_per_s=broker_idle_cpu_per_s)
         r = measure(w, "exactly_once", tag="-scaling")
         say(f"  exactly_once over {partitions} partitions: {r.records_per_s:,.0f} rec/s, "
             f"{_verdict(r)}")
@@ -558,7 +605,11 @@ def print_human(results: dict[str, ModeResult], scaling: list[ModeResult],
              f"EOS efficiency (exactly_once / at_least_once): {r['eos_over_alo']:.3f}",
              f"exactly_once / bare:                           {r['eos_over_bare']:.3f}",
              f"at_least_once / bare:                          {r['alo_over_bare']:.3f}",
+             f"broker CPU, exactly_once / at_least_once:      "
+             f"{r['broker_cpu_eos_over_alo']:.3f}",
              *_repeat_lines(summary),
+             "", "CPU-seconds per 100,000 records (measured window; broker: above idle "
+             "rate):", *_cpu_lines(rows),
              "", "startup and rebalance:", *_startup_lines(rows),
              "", "memory (VmRSS) and threads (/proc/<pid>/status):", *_memory_lines(rows)]
     if scaling:

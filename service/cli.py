@@ -20,6 +20,7 @@ from typing import NoReturn
 import structlog
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
+from service import interpreter
 from service.admin import Cluster, OutputLimits
 from service.checks import check_cluster, producer_max_bytes, session_timeout_s
 from service.errors import ConfigError, PoisonRecordError
@@ -91,7 +92,6 @@ def _check(settings: Settings) -> int:
     return EXIT_OK
 
 
-_SWITCH_INTERVAL_S = 0.001
 # How long start-up waits for a cluster that answers "not now" (a broker restarting)
 # before exiting 2: a replica outlives a broker restart; an operator's check-config
 # answers soon.
@@ -101,11 +101,7 @@ _CHECK_WAITS_S = 10.0
 
 def _run(settings: Settings) -> int:
     cluster = _validated(settings, wait_s=_RUN_WAITS_S)
-    # Commits, aborts and inits run on job threads that need the GIL for a moment
-    # between Kafka calls; with the default 5 ms switch interval they wait behind the
-    # loop thread's per-record work. 1 ms halved commit latency (p50 86 -> 40 ms,
-    # p99 670 -> 241 ms) at the same throughput (docs/benchmarks.md).
-    sys.setswitchinterval(_SWITCH_INTERVAL_S)
+    interpreter.tune_threads()
     transform = load_transform(settings.transform)
     disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: dashboard noise
     registry = CollectorRegistry()
@@ -125,6 +121,7 @@ def _run(settings: Settings) -> int:
                  metrics.lso_lag, metrics.lso_stuck,
                  interval_s=settings.lso_check_interval_s).start()
     _install_signal_handlers(stage)
+    interpreter.tune_gc()
     log.info("metrics.serving", port=server.port, paths=["/metrics", "/healthz", "/readyz"])
     code = EXIT_OK
     try:

@@ -10,7 +10,16 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
@@ -82,6 +91,11 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        # The standard families of any Python exporter: process_* (CPU seconds, memory,
+        # file descriptors), python_gc_* (collections per generation) and python_info.
+        ProcessCollector(registry=registry)
+        GCCollector(registry=registry)
+        PlatformCollector(registry=registry)
         self.info = Info("txstage_build", "Build and mode of this replica", registry=registry)
         self.commit_seconds = Histogram(
             "txstage_transaction_commit_seconds",

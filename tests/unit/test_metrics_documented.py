@@ -57,11 +57,23 @@ def served_type_lines() -> set[str]:
     """Family names from the ``# TYPE`` lines of a real scrape: the ground truth for names.
 
     prometheus_client adds a ``<name>_created`` gauge beside each counter and
-    histogram (when the series started); the README says so once, not per row.
+    histogram (when the series started); the README says so once, not per row. The
+    standard ``process_*`` and ``python_*`` families are one sentence under the table.
     """
     text = generate_latest(Metrics(CollectorRegistry()).registry).decode()
     names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
-    return {name for name in names if not name.endswith("_created")}
+    return {name for name in names if name.startswith("txstage_") and not name.endswith("_created")}
+
+
+def test_the_standard_process_and_gc_families_are_served_and_named_in_the_readme() -> None:
+    text = generate_latest(Metrics(CollectorRegistry()).registry).decode()
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    standard = {"process_cpu_seconds_total", "process_resident_memory_bytes",
+                "python_gc_collections_total", "python_info"}
+    assert standard <= names
+    after_table = README.read_text(encoding="utf-8").split(END)[1].split("\n## ")[0]
+    for name in standard:
+        assert f"`{name}" in after_table, f"{name} is not named under the metrics table"
 
 
 def table_rows(readme: str) -> list[list[str]]:
