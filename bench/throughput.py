@@ -59,6 +59,7 @@ from bench.transforms import identity
 from service.verify import HangingTransactionError, verify
 
 MODES = ("exactly_once", "at_least_once", "bare")
+VARIANT = "exactly_once_variant"  # --variant: exactly-once with other settings
 TRANSFORM = "bench.transforms:identity"
 COMMIT_INTERVAL_MS = 100
 BATCH_SIZE = 500  # the stage's default TXSTAGE_BATCH_SIZE, passed to every mode
@@ -81,6 +82,7 @@ class Workload:
     ends: dict[TopicPartitionKey, int]
     prefill_s: float
     commit_interval_ms: int = COMMIT_INTERVAL_MS
+    variant: tuple[tuple[str, str], ...] = ()  # the VARIANT mode's extra TXSTAGE_* settings
     broker_pids: tuple[int, ...] = ()  # the broker's JVM when it runs on this box
     broker_idle_cpu_per_s: float = 0.0  # its CPU rate with no client working
 
@@ -158,7 +160,15 @@ def workload(bootstrap: str, run_id: str, log_dir: Path, args: argparse.Namespac
         raise RuntimeError(f"{topic} holds {sum(ends.values())} records, not {args.records}")
     return Workload(bootstrap, topic, partitions, args.records, args.value_bytes, run_id,
                     log_dir, ends, seconds, args.commit_interval_ms,
+                    variant=tuple(_setting(item) for item in args.variant),
                     broker_pids=listening_pids(bootstrap))
+
+
+def _setting(item: str) -> tuple[str, str]:
+    name, sep, value = item.partition("=")
+    if not sep or not name.startswith("TXSTAGE_"):
+        raise SystemExit(f"--variant takes TXSTAGE_NAME=VALUE, not {item!r}")
+    return name, value
 
 
 def with_broker_idle_rate(w: Workload, seconds: float = 3.0) -> Workload:
@@ -185,6 +195,8 @@ def _process(w: Workload, mode: str, group: str, output: str,
         "TXSTAGE_METRICS_HOST": "127.0.0.1",
         "TXSTAGE_GUARANTEE": "at_least_once" if mode == "at_least_once" else "exactly_once",
     }
+    if mode == VARIANT:
+        settings.update(w.variant)
     port = free_port()
     settings["TXSTAGE_METRICS_PORT"] = str(port)
     if argv is None:
@@ -322,19 +334,30 @@ def ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b else float("nan")
 
 
+def _cpu_ratio(a: float | None, b: float | None) -> float:
+    return ratio(a, b) if a is not None and b else float("nan")
+
+
 def ratios(results: dict[str, ModeResult]) -> dict[str, float]:
-    eos, alo, bare = (results[m].records_per_s for m in MODES)
-    broker_eos, broker_alo = (results[m].broker_cpu_s_per_100k for m in MODES[:2])
-    return {"eos_over_alo": ratio(eos, alo), "eos_over_bare": ratio(eos, bare),
-            "alo_over_bare": ratio(alo, bare),
-            "broker_cpu_eos_over_alo": (ratio(broker_eos, broker_alo)
-                                        if broker_eos is not None and broker_alo
-                                        else float("nan"))}
+    eos, alo, bare = (results[m] for m in MODES)
+    found = {"eos_over_alo": ratio(eos.records_per_s, alo.records_per_s),
+             "eos_over_bare": ratio(eos.records_per_s, bare.records_per_s),
+             "alo_over_bare": ratio(alo.records_per_s, bare.records_per_s),
+             "broker_cpu_eos_over_alo": _cpu_ratio(eos.broker_cpu_s_per_100k,
+                                                   alo.broker_cpu_s_per_100k)}
+    if VARIANT in results:
+        variant = results[VARIANT]
+        found |= {"variant_over_eos": ratio(variant.records_per_s, eos.records_per_s),
+                  "variant_cpu_over_eos": _cpu_ratio(variant.cpu_s_per_100k,
+                                                     eos.cpu_s_per_100k),
+                  "broker_cpu_variant_over_alo": _cpu_ratio(variant.broker_cpu_s_per_100k,
+                                                            alo.broker_cpu_s_per_100k)}
+    return found
 
 
 def median_ratios(runs: dict[str, list[ModeResult]]) -> dict[str, float]:
     """Each ratio within each round of the interleaved runs, then the median over rounds."""
-    rounds = [ratios({mode: runs[mode][i] for mode in MODES})
+    rounds = [ratios({mode: results[i] for mode, results in runs.items()})
               for i in range(len(runs[MODES[0]]))]
     return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
@@ -475,6 +498,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="TXSTAGE_COMMIT_INTERVAL_MS of every mode (design: 100)")
     parser.add_argument("--warm-up", type=int, default=50_000, metavar="RECORDS",
                         help="records an unmeasured replica processes first (0: none)")
+    parser.add_argument("--variant", action="append", default=[], metavar="TXSTAGE_X=V",
+                        help="also run exactly-once with these settings (repeatable) in "
+                             "every round, as the mode exactly_once_variant")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the modes this many times, interleaved; report the medians")
     parser.add_argument("--top", type=int, default=25, help="functions listed with --profile")
@@ -523,9 +549,10 @@ def run(args: argparse.Namespace) -> int:
 def run_modes(w: Workload, repeat: int, say: Callable[[str], None]) -> dict[str, list[ModeResult]]:
     """Every mode ``repeat`` times, interleaved (EOS, ALO, bare, EOS, ...), so a burst of
     other load on the box or a warming broker does not favour one mode."""
-    runs: dict[str, list[ModeResult]] = {mode: [] for mode in MODES}
+    modes = (*MODES, VARIANT) if w.variant else MODES
+    runs: dict[str, list[ModeResult]] = {mode: [] for mode in modes}
     for i in range(repeat):
-        for mode in MODES:
+        for mode in modes:
             r = measure(w, mode, tag=f"-r{i}" if repeat > 1 else "")
             runs[mode].append(r)
             say(f"  {mode}: {r.records_per_s:,.0f} rec/s in {r.seconds:.2f} s "
@@ -576,7 +603,8 @@ def run_scaling(bootstrap: str, run_id: str, log_dir: Path, args: argparse.Names
 def report(args: argparse.Namespace, info: dict[str, object], w: Workload,
            runs: dict[str, list[ModeResult]], scaling: list[ModeResult]) -> int:
     results = {mode: median_run(rs) for mode, rs in runs.items()}
-    clean = all(r.verified and r.exit_code == 0 for r in [*runs["exactly_once"], *scaling])
+    clean = all(r.verified and r.exit_code == 0
+                for r in [*runs["exactly_once"], *runs.get(VARIANT, []), *scaling])
     workload_info = {"records": w.records, "partitions": w.partitions,
                      "value_bytes": w.value_bytes, "prefill_s": round(w.prefill_s, 2),
                      "commit_interval_ms": w.commit_interval_ms, "batch_size": BATCH_SIZE,
@@ -607,6 +635,7 @@ def print_human(results: dict[str, ModeResult], scaling: list[ModeResult],
              f"at_least_once / bare:                          {r['alo_over_bare']:.3f}",
              f"broker CPU, exactly_once / at_least_once:      "
              f"{r['broker_cpu_eos_over_alo']:.3f}",
+             *_variant_lines(r),
              *_repeat_lines(summary),
              "", "CPU-seconds per 100,000 records (measured window; broker: above idle "
              "rate):", *_cpu_lines(rows),
@@ -627,6 +656,15 @@ def print_human(results: dict[str, ModeResult], scaling: list[ModeResult],
     for row in rows:
         lines += [f"  {row.mode}/{row.partitions}: {p}" for p in row.problems]
     print("\n".join(lines))
+
+
+def _variant_lines(r: dict[str, float]) -> list[str]:
+    if "variant_over_eos" not in r:
+        return []
+    return [f"variant / exactly_once, rec/s:                 {r['variant_over_eos']:.3f}",
+            f"variant / exactly_once, process CPU per record: {r['variant_cpu_over_eos']:.3f}",
+            f"broker CPU, variant / at_least_once:           "
+            f"{r['broker_cpu_variant_over_alo']:.3f}"]
 
 
 def _repeat_lines(summary: dict[str, object]) -> list[str]:
