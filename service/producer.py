@@ -147,17 +147,21 @@ class PinnedProducer:
     def init(self) -> None:
         """init_transactions: fences any older producer with this id, finishes its txn.
 
-        With ``connect_first``, a metadata request for the pinned topic first: a new
-        producer that asks for its transactional PID before any broker connection is up
-        finds "no broker available" and retries on librdkafka's 500 ms PID timer
-        (rdkafka_idempotence.c, ``rd_kafka_idemp_pid_timer_restart``); once a connection
-        is up, the coordinator lookup and InitProducerId follow at once (measured on one
-        node: 0.51 to 0.57 s without, 0.07 s with). Its failure is left to
-        init_transactions to report. The backfill uses it (a new producer per slice).
-        The stage does not: with it, a stage whose new producers were initialising
-        when its only broker froze for 17 s never finished init_transactions within
-        the 90 s deadline and exited 1 (test_compound_faults, frozen broker: 2 of 4
-        runs, none of 4 without); the cause is not understood yet."""
+        With ``connect_first``, a metadata request for the pinned topic first. Why: a
+        new producer's first FindCoordinator can go to its *bootstrap* broker, which
+        librdkafka decommissions as soon as the first metadata names the real broker
+        behind that address; the lookup then fails with ``_DESTROY_BROKER`` and is
+        retried on the 500 ms coordinator query timer (rdkafka_txnmgr.c,
+        ``rd_kafka_txn_coord_timer_start``; seen with ``debug=eos``: 3 of 8 producers
+        initialised at once took 0.52 s, the others 0.02-0.06 s). After one metadata
+        round trip the bootstrap broker is gone and the lookup goes to the real one
+        (measured on one node: 0.51 to 0.57 s without, 0.07 s with). Its failure is
+        left to init_transactions to report. The backfill uses it (a new producer per
+        slice). The stage does not: with it, a stage whose new producers were
+        initialising when its only broker froze for 17 s never finished
+        init_transactions within the 90 s deadline and exited 1 (test_compound_faults,
+        frozen broker: 2 of 4 runs with a 5 s bound, 2 of 4 again with 1 s, none of 4
+        without); why is not understood yet."""
         if self.connect_first:
             try:
                 self._producer.list_topics(self.topic,
