@@ -160,7 +160,6 @@ def workload(bootstrap: str, run_id: str, log_dir: Path, args: argparse.Namespac
         raise RuntimeError(f"{topic} holds {sum(ends.values())} records, not {args.records}")
     return Workload(bootstrap, topic, partitions, args.records, args.value_bytes, run_id,
                     log_dir, ends, seconds, args.commit_interval_ms,
-                    variant=tuple(_setting(item) for item in args.variant),
                     broker_pids=listening_pids(bootstrap))
 
 
@@ -532,7 +531,8 @@ def run(args: argparse.Namespace) -> int:
         f"{args.partitions} partitions, commit interval {args.commit_interval_ms} ms, "
         f"{info['cpus']} CPUs, load {info['loadavg_at_start']}; logs in {log_dir}")
     with broker(args.bootstrap, say) as bootstrap:
-        w = workload(bootstrap, run_id, log_dir, args, args.partitions)
+        w = replace(workload(bootstrap, run_id, log_dir, args, args.partitions),
+                    variant=tuple(_setting(item) for item in args.variant))
         say(f"input {w.topic}: prefilled in {w.prefill_s:.1f} s")
         if args.profile is not None:
             warm_up(w, args.warm_up, say)

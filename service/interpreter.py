@@ -20,6 +20,7 @@ Two settings, each measured before it was kept:
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 
@@ -38,3 +39,10 @@ def tune_gc() -> None:
     gc.freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(GC_YOUNGEST_THRESHOLD, older, oldest)
+
+
+@functools.cache
+def tune_gc_once() -> None:
+    """``tune_gc`` the first time only: a Spark Python worker runs task after task (the
+    backfill's slices keep a transaction's outputs for a replay: the same survivors)."""
+    tune_gc()

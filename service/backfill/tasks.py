@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from service import interpreter
 from service.admin import DEFAULT_MESSAGE_MAX_BYTES, Cluster, OutputLimits
 from service.backfill import kafka_clients, rows, slice_reader
 from service.backfill.plan import Slice, transactional_id
@@ -103,6 +104,9 @@ def _max_bytes(spec: Processing) -> Callable[[str], int]:
 
 
 def processor(spec: Processing) -> Process:
+    """The stream's ``process`` for a task (on a Spark worker, whose interpreter is
+    tuned as the stage's is, once)."""
+    interpreter.tune_gc_once()
     return functools.partial(process, _transform(spec.transform),
                              default_topic=spec.default_topic, dlq_topic=spec.dlq_topic,
                              max_bytes=_max_bytes(spec))
