@@ -33,16 +33,12 @@ def tune_threads() -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
+@functools.cache
 def tune_gc() -> None:
-    """Call once start-up is done: what exists now is frozen out of collections."""
+    """Call once start-up is done: what exists now is frozen out of collections. Later
+    calls do nothing: a Spark Python worker calls it for every backfill task (a slice
+    keeps a transaction's outputs for a replay: the same survivors as the stage's)."""
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(GC_YOUNGEST_THRESHOLD, older, oldest)
-
-
-@functools.cache
-def tune_gc_once() -> None:
-    """``tune_gc`` the first time only: a Spark Python worker runs task after task (the
-    backfill's slices keep a transaction's outputs for a replay: the same survivors)."""
-    tune_gc()

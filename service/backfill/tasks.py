@@ -106,7 +106,7 @@ def _max_bytes(spec: Processing) -> Callable[[str], int]:
 def processor(spec: Processing) -> Process:
     """The stream's ``process`` for a task (on a Spark worker, whose interpreter is
     tuned as the stage's is, once)."""
-    interpreter.tune_gc_once()
+    interpreter.tune_gc()
     return functools.partial(process, _transform(spec.transform),
                              default_topic=spec.default_topic, dlq_topic=spec.dlq_topic,
                              max_bytes=_max_bytes(spec))

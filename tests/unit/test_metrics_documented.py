@@ -60,14 +60,17 @@ def served_type_lines() -> set[str]:
     histogram (when the series started); the README says so once, not per row. The
     standard ``process_*`` and ``python_*`` families are one sentence under the table.
     """
+    return {name for name in _all_type_lines()
+            if name.startswith("txstage_") and not name.endswith("_created")}
+
+
+def _all_type_lines() -> set[str]:
     text = generate_latest(Metrics(CollectorRegistry()).registry).decode()
-    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
-    return {name for name in names if name.startswith("txstage_") and not name.endswith("_created")}
+    return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
 
 
 def test_the_standard_process_and_gc_families_are_served_and_named_in_the_readme() -> None:
-    text = generate_latest(Metrics(CollectorRegistry()).registry).decode()
-    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    names = _all_type_lines()
     standard = {"process_cpu_seconds_total", "process_resident_memory_bytes",
                 "python_gc_collections_total", "python_info"}
     assert standard <= names
