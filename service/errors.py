@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
 
+from service.records import Output
+
 
 class TxstageError(Exception):
     """Base of every error txstage raises on purpose."""
@@ -53,10 +55,13 @@ class PoisonRecordError(TxstageError):
 
 class TopicLimitPending(TxstageError):
     """An output goes to a topic whose size limit is not known yet. The stage looks
-    it up beside the loop and processes the record again afterwards."""
+    it up beside the loop and processes the record again afterwards, from
+    ``outputs`` (what the transform yielded for it, set by ``processing.process``)
+    rather than calling the transform a second time."""
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
+        self.outputs: list[Output] | None = None
         super().__init__(f"the limits of topic {topic!r} are being looked up")
 
 

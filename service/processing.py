@@ -6,8 +6,8 @@ so the backfill's output equals the stream's record for record (parity).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple, cast
 
 from service import lineage
 from service.deadletter import dead_letter
@@ -103,9 +103,10 @@ def _resolve(
 ) -> list[Produced]:
     """The hot path (one call per input record): checks and stamps each output the
     way ``_check_bytes``, ``lineage.stamp`` and ``size_of`` say, inlined."""
-    resolved = []
+    resolved: list[Produced] = []
     lineage_size = _LINEAGE_BYTES + len(src)
-    for index, out in enumerate(outputs):
+    remaining = iter(outputs)
+    for index, out in enumerate(remaining):
         if type(out) is not Output and not isinstance(out, Output):
             raise TypeError(f"the transform yielded a {type(out).__name__}, not service.Output")
         key, value, extra = out.key, out.value, out.headers
@@ -120,7 +121,15 @@ def _resolve(
         else:
             headers = [(lineage.SRC, src), (lineage.IDX, idx)]
         topic = out.topic or default_topic
-        limit = max_bytes(topic)
+        try:
+            limit = max_bytes(topic)
+        except TopicLimitPending as pending:
+            # The record is held until the topic is looked up, then processed again
+            # from what the transform yielded, which it does not run a second time.
+            # (What follows ``out`` is checked then, as any transform's outputs are.)
+            pending.outputs = [*(Output(p.value, p.key, p.topic, tuple(p.headers[:-2]))
+                                 for p in resolved), out, *cast(Iterator[Output], remaining)]
+            raise
         if size > limit:
             raise OutputTooLargeError(
                 f"output {index} for topic {topic!r} is about {size} bytes; "

@@ -44,7 +44,7 @@ from service.health import Health
 from service.messages import to_record
 from service.metrics import Metrics
 from service.processing import OutputRefusedError, Result, process, refused
-from service.records import Record, Transform
+from service.records import Output, Record, Transform
 from service.settings import Settings
 from service.stage import state as sm
 from service.stage.committer import Committer, Job
@@ -136,14 +136,16 @@ class Loop:
 
     # --- records ----------------------------------------------------------------
 
-    def process(self, messages: Iterable[Message], now: float) -> None:
+    def process(self, messages: Iterable[Message], now: float,
+                saved: dict[int, list[Output]] | None = None) -> None:
         """Process a batch, in offset order per partition.
 
         The hot path, one pass per record: a *flowing* partition (ACTIVE, no pause,
         nothing isolated or refused: ``PartitionState.flowing``, kept on the
         partition as its state changes) runs the record straight through
         ``processing.process`` into the committer. Anything else goes through
-        ``_one``, which checks the state record by record."""
+        ``_one``, which checks the state record by record; so do held records
+        replayed with what the transform already yielded for them (``saved``)."""
         partitions = self.partitions
         transform, limits = self.transform, self.limits
         default_topic, dlq_topic = self.settings.output_topic, self.settings.dlq_topic or None
@@ -158,8 +160,8 @@ class Loop:
             partition = partitions.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
             if partition is None:
                 continue
-            if not partition.flowing:
-                consumed += self._one(partition, msg, now)
+            if not partition.flowing or saved:
+                consumed += self._one(partition, msg, now, saved)
                 continue
             offset: int = msg.offset()  # type: ignore[assignment]
             if offset < partition.position:
@@ -182,9 +184,11 @@ class Loop:
             self.metrics.produced.labels(topic=topic).inc(count)
         produced.clear()
 
-    def _one(self, partition: Partition, msg: Message, now: float) -> bool:
+    def _one(self, partition: Partition, msg: Message, now: float,
+             saved: dict[int, list[Output]] | None = None) -> bool:
         """Process one record of a partition that is not flowing, checking its state;
-        False when the record was held or dropped."""
+        False when the record was held or dropped. From ``saved[offset]``, when the
+        transform already ran on it, instead of running the transform again."""
         offset: int = msg.offset()  # type: ignore[assignment]
         state = partition.state
         if offset < partition.position or partition.seek_to is not None \
@@ -208,11 +212,15 @@ class Loop:
         record = to_record(msg)
         started = time.perf_counter()
         settings = self.settings
+        transform = self.transform
+        yielded = saved.pop(offset, None) if saved else None
+        if yielded is not None:
+            transform = lambda _record: yielded  # noqa: E731 (as yielded on the first run)
         try:
             if refusal is not None:
                 result = refused(record, OutputRefusedError(refusal), settings.dlq_topic or None)
             else:
-                result = process(self.transform, record, default_topic=settings.output_topic,
+                result = process(transform, record, default_topic=settings.output_topic,
                                  dlq_topic=settings.dlq_topic or None, max_bytes=self.limits)
         except (PoisonRecordError, TopicLimitPending) as exc:
             self._not_processed(partition, msg, exc, now)
@@ -248,6 +256,8 @@ class Loop:
         if isinstance(exc, PoisonRecordError):
             self.dispatch(partition, sm.Poisoned(exc, now))
         else:  # an output topic not looked up yet: hold the record meanwhile
+            if exc.outputs is not None:
+                partition.saved[msg.offset()] = exc.outputs  # type: ignore[index]
             self.dispatch(partition, sm.TopicUnknown(exc.topic))
             self._hold(partition, msg)
 
@@ -325,10 +335,12 @@ class Loop:
                 self.jobs.abandon(partition, self.committer.detach(partition.key))
             case sm.DrainHeld():
                 held, partition.held = partition.held, []
+                saved, partition.saved = partition.saved, {}
                 if held and not partition.releasing:
-                    self.process(held, time.monotonic())
+                    self.process(held, time.monotonic(), saved)
             case sm.DropHeld():
                 partition.held.clear()
+                partition.saved.clear()
             case sm.LookupTopic(topic):
                 self._lookup_topic(partition, topic)
             case sm.Fail(error):

@@ -8,6 +8,7 @@ from concurrent.futures import Future
 
 from confluent_kafka import Message, TopicPartition
 
+from service.records import Output
 from service.stage.state import PartitionState, Phase
 
 TopicPartitionKey = tuple[str, int]
@@ -34,6 +35,7 @@ class Partition:
         "position",
         "rechecked",
         "releasing",
+        "saved",
         "seek_batch",
         "seek_to",
         "stalled_warned",
@@ -47,6 +49,9 @@ class Partition:
         self._state = PartitionState(Phase.INITIALISING)
         self.flowing = False              # state.flowing, kept as the state changes
         self.held: list[Message] = []     # records waiting, in order, for a commit or lookup
+        # offset -> what the transform yielded, for held records it already ran on
+        # (an output topic was being looked up): they are not transformed again.
+        self.saved: dict[int, list[Output]] = {}
         self.job: tuple[object, Future[Completion]] | None = None  # (token, future) in flight
         self.position = -1                # next offset expected; older ones are stale fetches
         # Positioning is checked, not trusted (see Loop._seek): a seek librdkafka refused

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tests.harness.reading import read_uncommitted
+from tests.harness.reading import read_committed, read_uncommitted
 from tests.integration.conftest import PARTITIONS, StageSetup, long_transactions
 from tests.integration.replicas import produce_inputs, wait_for
 from tests.integration.replicas import value as metric_value
@@ -96,6 +96,25 @@ def test_injected_abortable_errors_still_exactly_once(stage: StageSetup,
     # the aborted transaction still on its way): one init per partition, one per abort.
     inits = metric_value(replica, "txstage_producer_init_seconds_count")
     assert inits >= PARTITIONS + len(aborts), (inits, len(aborts))
+    assert replica.terminate() == 0
+
+
+def test_a_record_held_for_a_topic_lookup_is_not_transformed_again(
+        stage: StageSetup, new_topic: object) -> None:
+    # The first output to a topic the stage has not looked up yet holds its record
+    # until the lookup (beside the loop) answers. The record is then written from
+    # what the transform yielded the first time: a transform that takes real time,
+    # or one that is not quite pure, must not run twice for it. (It did, once per
+    # partition: the flake in test_injected_abort_moves_the_abortable_error_reason.)
+    side = new_topic(PARTITIONS, prefix="side")  # type: ignore[operator]
+    replica = stage.replica("a", TXSTAGE_TRANSFORM=(
+        "tests.integration.transforms:square_and_count_runs"), TEST_SIDE_TOPIC=side)
+    produce_inputs(stage.bootstrap, stage.input_topic, range(2_000), PARTITIONS)
+    stage.wait_committed()
+    stage.assert_exactly_once()
+    runs = [record.value for record in read_committed(stage.bootstrap, side, expected=2_000)]
+    assert len(runs) == 2_000
+    assert {value: runs.count(value) for value in set(runs)} == {b"1": 2_000}
     assert replica.terminate() == 0
 
 

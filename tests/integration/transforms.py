@@ -25,6 +25,19 @@ def square_with_broker_rejects(record: Record) -> Iterator[Output]:
         yield Output(value=b"no key", key=None, topic=os.environ["TEST_COMPACTED_TOPIC"])
 
 
+_runs: dict[tuple[str, int, int], int] = {}
+
+
+def square_and_count_runs(record: Record) -> Iterator[Output]:
+    """Square, plus a record to ``TEST_SIDE_TOPIC`` whose value is how many times
+    this process has run the transform on this input: "1" everywhere unless the
+    stage ran it again (an abort, a rebalance, or a second run it had no need of)."""
+    coordinates = (record.topic, record.partition, record.offset)
+    runs = _runs[coordinates] = _runs.get(coordinates, 0) + 1
+    yield from square(record)
+    yield Output(value=str(runs).encode(), key=record.key, topic=os.environ["TEST_SIDE_TOPIC"])
+
+
 def slow_square(record: Record) -> Iterator[Output]:
     """Square, taking ``TEST_DELAY_MS`` per record: keeps transactions open long enough
     for a kill or a pause to land in the middle of one."""

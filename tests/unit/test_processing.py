@@ -94,4 +94,43 @@ def test_a_cluster_failure_looking_up_a_limit_is_never_blamed_on_the_record() ->
     cluster._admin = MagicMock()
     cluster._admin.describe_configs.side_effect = lambda resources: {resources[0]: future}
     with pytest.raises(KafkaOperationError):
-        run(square, limit=OutputLimits(cluster, 1_000_000))
+        run(square, limit=OutputLimits(cluster, 1_000_000, deadline_s=0))  # no retries
+
+
+def test_a_record_waiting_for_a_topic_lookup_keeps_what_the_transform_yielded() -> None:
+    from service.errors import TopicLimitPending
+
+    runs = []
+
+    def routed(record: Record) -> Iterator[Output]:
+        runs.append(record.offset)
+        yield Output(value=b"a", key=b"k", headers=(("h", b"v"),))
+        yield Output(value=b"b", topic="side")
+        yield Output(value=b"c")
+
+    def pending_for_side(topic: str) -> int:
+        if topic == "side":
+            raise TopicLimitPending(topic)
+        return 1_000_000
+
+    with pytest.raises(TopicLimitPending) as waiting:
+        run(routed, limit=pending_for_side)
+    kept = waiting.value.outputs
+    assert kept is not None and runs == [40]
+    replayed = run(lambda record: kept)
+    assert runs == [40], "the transform must not run again"
+    assert replayed.outputs == run(routed).outputs
+
+
+def test_a_failure_after_a_pending_lookup_is_still_the_records() -> None:
+    from service.errors import TopicLimitPending
+
+    def fails_late(record: Record) -> Iterator[Output]:
+        yield Output(value=b"b", topic="side")
+        raise RuntimeError("late")
+
+    def pending(topic: str) -> int:
+        raise TopicLimitPending(topic)
+
+    result = run(fails_late, limit=pending)
+    assert result.dead_lettered and "late" in str(result.error)
