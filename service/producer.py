@@ -174,11 +174,7 @@ class PinnedProducer:
     def take_failures(self) -> tuple[Failure, ...]:
         """Serve queued delivery reports, then hand over the failed outputs seen so far.
         Never raises: a fenced producer's poll() raises its fatal error again."""
-        try:
-            self._producer.poll(0)
-        except KafkaException as exc:
-            log.debug("producer.poll_failed", transactional_id=self.transactional_id,
-                      error=str(exc))
+        self.poll()
         return self.deliveries.take()
 
     def begin(self) -> None:
@@ -231,7 +227,19 @@ class PinnedProducer:
             self.in_transaction = False
 
     def poll(self) -> None:
-        self._producer.poll(0)
+        """Serve queued delivery reports, unless the producer is closed or closing;
+        never raises (a producer in a fatal state raises it again from poll: its
+        transaction's own calls report it)."""
+        if not self._close_lock.acquire(blocking=False):
+            return  # being closed on another thread
+        try:
+            if not self.closed:
+                self._producer.poll(0)
+        except KafkaException as exc:
+            log.debug("producer.poll_failed", transactional_id=self.transactional_id,
+                      error=str(exc))
+        finally:
+            self._close_lock.release()
 
     def close(self) -> None:
         """Release the client; librdkafka aborts a transaction still open.

@@ -187,7 +187,16 @@ class ExactlyOnce:
         return producer
 
     def poll(self, now: float) -> list[tuple[TopicPartitionKey, Event]]:
-        return []  # failed outputs surface in the transaction's own calls
+        """Serve the pinned producers' delivery reports here, on the loop thread.
+
+        confluent-kafka takes the GIL for every delivery report, whatever the callback
+        (Producer.c, ``dr_msg_cb``). Left to ``commit_transaction``'s flush, a
+        transaction's reports were served on its job thread, each one waiting for the
+        busy loop thread to give up the GIL (up to the 1 ms switch interval). Failed
+        outputs still surface in the transaction's own calls."""
+        for producer in list(self._producers.values()):  # init jobs add to it
+            producer.poll()
+        return []
 
     def shutdown(self, timeout_s: float) -> None:
         for key in list(self._producers):
