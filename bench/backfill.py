@@ -60,7 +60,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "workers started here (ignores --master)")
     parser.add_argument("--slice-records", type=int, default=None,
                         help="the backfill's --slice-records (default: its own)")
-    parser.add_argument("--transaction-records", type=int, default=5000)
+    parser.add_argument("--transaction-records", type=int, default=None,
+                        help="the backfill's --transaction-records (default: its own)")
     parser.add_argument("--bootstrap", default=None,
                         help="an existing broker (default: start a private single node)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -74,9 +75,10 @@ def run_backfill(bootstrap: str, topic: str, output: str, args: argparse.Namespa
         source=parse_source(f"kafka://{topic}"), sink=parse_sink(f"kafka://{output}"),
         job_id=f"bench-{run_id}-{name}", transform=TRANSFORM, dlq_topic="",
         bootstrap_servers=bootstrap, transactional_id_prefix=f"bench-{run_id}",
-        transaction_records=args.transaction_records, master=args.master,
-        spark_conf=args.spark_conf, progress_interval_s=0,
-        **({"slice_records": args.slice_records} if args.slice_records else {}))
+        master=args.master, spark_conf=args.spark_conf, progress_interval_s=0,
+        **({"slice_records": args.slice_records} if args.slice_records else {}),
+        **({"transaction_records": args.transaction_records}
+           if args.transaction_records else {}))
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TXSTAGE_")}
     return execute(config.build(flags, env))
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from service.backfill import config, parity, plan
+from service.backfill.slice_writer import DEFAULT_TRANSACTION_BYTES, DEFAULT_TRANSACTION_RECORDS
 from service.backfill.specs import KafkaSource, parse_sink, parse_source
 from service.errors import ConfigError
 from service.lineage import Lineage
@@ -97,8 +98,12 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--slice-records", type=_positive, default=plan.DEFAULT_SLICE_RECORDS,
                    help="cut input partitions at multiples of this many offsets "
                    "(default %(default)s)")
-    p.add_argument("--transaction-records", type=_positive, default=5000,
+    p.add_argument("--transaction-records", type=_positive,
+                   default=DEFAULT_TRANSACTION_RECORDS,
                    help="inputs per transaction, at most (default %(default)s)")
+    p.add_argument("--transaction-bytes", type=_positive, default=DEFAULT_TRANSACTION_BYTES,
+                   help="keys and values of a transaction's inputs and outputs, kept in "
+                   "memory to replay it, at most (default %(default)s)")
     p.add_argument("--transaction-ms", type=_positive, default=2000,
                    help="commit at least this often (default %(default)s)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
@@ -126,6 +131,7 @@ def _run(args: list[str]) -> int:
         bootstrap_servers=ns.bootstrap_servers,
         transactional_id_prefix=ns.transactional_id_prefix, progress_topic=ns.progress_topic,
         slice_records=ns.slice_records, transaction_records=ns.transaction_records,
+        transaction_bytes=ns.transaction_bytes,
         transaction_ms=ns.transaction_ms, dry_run=ns.dry_run, overwrite=ns.overwrite,
         master=ns.master, spark_conf=_pairs(ns.conf, "--conf"),
         progress_interval_s=ns.progress_interval)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from service.backfill import plan
+from service.backfill.slice_writer import DEFAULT_TRANSACTION_BYTES, DEFAULT_TRANSACTION_RECORDS
 from service.backfill.specs import FileSource, KafkaSink, KafkaSource, Sink, Source
 from service.errors import ConfigError
 from service.settings import Settings, load_settings
@@ -35,8 +36,9 @@ class Flags:
     transactional_id_prefix: str | None = None
     progress_topic: str | None = None
     slice_records: int = plan.DEFAULT_SLICE_RECORDS
-    transaction_records: int = 5000
+    transaction_records: int = DEFAULT_TRANSACTION_RECORDS
     transaction_ms: int = 2000
+    transaction_bytes: int = DEFAULT_TRANSACTION_BYTES
     dry_run: bool = False
     overwrite: bool = False
     master: str | None = None
@@ -132,7 +134,8 @@ def _missing(output_topic: str | None, transform: str) -> list[str]:
 
 def _limits(flags: Flags) -> list[str]:
     checks = (("--slice-records", flags.slice_records), ("--transaction-records",
-              flags.transaction_records), ("--transaction-ms", flags.transaction_ms))
+              flags.transaction_records), ("--transaction-ms", flags.transaction_ms),
+              ("--transaction-bytes", flags.transaction_bytes))
     return [f"{name} must be positive, not {value}" for name, value in checks if value <= 0]
 
 

@@ -248,7 +248,7 @@ def _to_kafka(spark: SparkSession, job: Run, body: SinkTask, frame: DataFrame) -
     sink = tasks.KafkaSinkJob(
         _processing(config, kafka_limits=True), config.kafka(), config.job_id, config.id_prefix,
         config.progress_topic, config.flags.transaction_records, config.flags.transaction_ms,
-        {s.index: s for s in job.plan.slices})
+        config.flags.transaction_bytes, {s.index: s for s in job.plan.slices})
     began = time.monotonic()
     with report.Reporter(spark, job.plan, config, job.state):
         rows_ = frame.mapInArrow(functools.partial(body, sink), rows.SUMMARY_DDL).collect()

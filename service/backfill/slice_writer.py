@@ -9,7 +9,8 @@ A slice attempt (a Spark task attempt, or a retry of it) runs these steps in ord
    a file source skips inputs below it); for each input, ``process()`` it (the
    stream's own function: same outputs, same lineage headers, same dead-letter policy)
    and produce its outputs inside the open transaction.
-4. Every ``transaction_records`` inputs or ``transaction_ms``: produce the new progress
+4. Every ``transaction_records`` inputs, ``transaction_bytes`` kept for a replay (the
+   inputs and their outputs), or ``transaction_ms``: produce the new progress
    record and ``commit_transaction()`` — outputs and progress become visible together.
 5. At the end of the input, once the slice's whole range was read (below): a last
    commit that marks the slice done.
@@ -51,6 +52,10 @@ log = logging.getLogger(__name__)
 
 Process = Callable[[Record], Result]
 MAX_REPLAYS = 3
+# A transaction's results are kept in memory to replay it after an abort: it commits at
+# whichever bound it reaches first (bench.backfill: docs/backfill.md, "Performance").
+DEFAULT_TRANSACTION_RECORDS = 20_000
+DEFAULT_TRANSACTION_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +66,9 @@ class SliceTask:
     job_id: str
     transactional_id: str
     progress_topic: str
-    transaction_records: int = 5000
+    transaction_records: int = DEFAULT_TRANSACTION_RECORDS
     transaction_ms: int = 2000
+    transaction_bytes: int = DEFAULT_TRANSACTION_BYTES
 
 
 class InputOrderError(RuntimeError):
@@ -100,6 +106,7 @@ class _Pending:
     last_offset: int = -1
     started: float = 0.0
     open: bool = False
+    kept_bytes: int = 0  # keys and values of the inputs and outputs in ``results``
 
 
 class SliceWriter:
@@ -197,6 +204,10 @@ class SliceWriter:
         pending.results.append((record, result))
         pending.outputs += len(result.outputs)
         pending.dead_lettered += int(result.dead_lettered)
+        kept = len(record.value or b"") + len(record.key or b"")
+        for out in result.outputs:
+            kept += len(out.value or b"") + len(out.key or b"")
+        pending.kept_bytes += kept
         pending.last_offset = record.offset
         try:
             self._produce_all(result.outputs, record.offset)
@@ -206,6 +217,7 @@ class SliceWriter:
     def _due(self) -> bool:
         pending = self._pending
         return (len(pending.results) >= self.task.transaction_records
+                or pending.kept_bytes >= self.task.transaction_bytes
                 or (self.clock() - pending.started) * 1000 >= self.task.transaction_ms)
 
     def _commit(self, *, done: bool, attempt: int = 0) -> None:

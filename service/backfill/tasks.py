@@ -59,12 +59,14 @@ class KafkaSinkJob:
     progress_topic: str
     transaction_records: int
     transaction_ms: int
+    transaction_bytes: int
     slices: dict[int, Slice]
 
     def slice_task(self, index: int) -> SliceTask:
         return SliceTask(self.slices[index], self.job_id,
                          transactional_id(self.id_prefix, self.job_id, index),
-                         self.progress_topic, self.transaction_records, self.transaction_ms)
+                         self.progress_topic, self.transaction_records, self.transaction_ms,
+                         self.transaction_bytes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -256,7 +256,7 @@ def test_an_older_attempt_still_running_is_fenced_and_publishes_nothing(
     sink = tasks.KafkaSinkJob(
         tasks.Processing(job_config.transform, out, None, 1_000_000, job_config.kafka()),
         job_config.kafka(), "zombie", job_config.id_prefix, job_config.progress_topic, 20,
-        60_000, {0: piece})
+        60_000, 1 << 24, {0: piece})
     old, new = tasks.slice_writer(sink, 0), tasks.slice_writer(sink, 0)
 
     def feed() -> Iterator[Record]:

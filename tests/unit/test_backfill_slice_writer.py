@@ -140,6 +140,21 @@ def test_fresh_slice_commits_outputs_with_progress_every_n_inputs() -> None:
     assert producer.calls[0] == "init" and writer.outcome.transactions == 3
 
 
+def test_a_transaction_also_commits_once_what_it_keeps_for_a_replay_reaches_its_bytes(
+        ) -> None:
+    # Each input here keeps 10 bytes: key b"k" and 3 digits in, key and 5 digits out.
+    producer = FakeProducer()
+    task = SliceTask(PIECE, TASK.job_id, TASK.transactional_id, TASK.progress_topic,
+                     transaction_records=1_000, transaction_ms=60_000, transaction_bytes=50)
+    writer = SliceWriter(task, producer, lambda: None,  # type: ignore[arg-type]
+                         lambda record: process(square, record, default_topic="out",
+                                                dlq_topic="dlq", max_bytes=lambda _: 1 << 20),
+                         dlq_topic="dlq")
+    writer.run(lambda _start: records(100, 125))
+    assert [p["next_offset"] for p in producer.progress()] == [105, 110, 115, 120, 125, 200]
+    assert sources(producer.outputs()) == list(range(100, 125))
+
+
 def test_resumed_slice_skips_what_is_committed() -> None:
     producer = FakeProducer()
     earlier = SliceProgress(3, 100, 200, next_offset=117, records_in=17, outputs=17)
