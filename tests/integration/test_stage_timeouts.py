@@ -27,7 +27,10 @@ def test_transform_stalling_past_the_transaction_timeout_is_recovered(stage: Sta
     stage.wait_committed(120)
     stage.assert_exactly_once()
     fenced = replica.events("producer.fenced")
-    assert fenced and fenced[0]["partition"] == 0
+    # Partition 0 stalls the loop, so every transaction open then times out, not only
+    # its own; which of them the replica finds fenced first is a race (seen: 3 first,
+    # under the consumer protocol).
+    assert 0 in {event["partition"] for event in fenced}, fenced
     assert replica.events("producer.reclaimed"), "the partition must resume with a new producer"
     assert replica.terminate() == 0
 
