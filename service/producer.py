@@ -37,6 +37,8 @@ T = TypeVar("T")
 _QUEUE_FULL_WAIT_S = 0.05
 _MIN_CALL_S = 0.1
 _WARM_UP_S = 5.0  # the metadata request before init_transactions (see PinnedProducer.init)
+# How long a bare _FATAL waits for librdkafka to queue its cause (see _fatal_cause).
+_FATAL_CAUSE_WAIT_S = 0.5
 
 
 def produce(producer: Producer, out: Produced,
@@ -107,6 +109,7 @@ class PinnedProducer:
         """
         where = self._where(op, offset)
         error = translate(exc, where)
+        self._keep_fatal(exc)
         if not isinstance(error, FatalError):
             return error
         if error.code == KafkaError._STATE and op == "produce":
@@ -114,14 +117,42 @@ class PinnedProducer:
         cause = self._fatal_cause() if error.code == KafkaError._FATAL else None
         return error if cause is None else classify(cause)(where, cause)
 
+    def _keep_fatal(self, exc: KafkaException) -> None:
+        """Remember a fatal error's cause the one time librdkafka tells it: from the
+        poll that serves its event (confluent-kafka raises it there instead of calling
+        error_cb), or from the call it failed. Every later call fails with a bare
+        _FATAL and only this names the cause."""
+        error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if error is not None and error.fatal() and error.code() != KafkaError._FATAL \
+                and self._fatal is None:
+            self._fatal = error
+
     def _fatal_cause(self) -> KafkaError | None:
-        if self._fatal is None:
-            try:  # serves a queued error callback, or raises the fatal error itself
-                self._producer.poll(0)
-            except KafkaException as exc:
-                if exc.args and isinstance(exc.args[0], KafkaError):
-                    self._fatal = exc.args[0]
+        """The cause of a bare _FATAL. librdkafka records the fatal error before it
+        queues the event that tells it (rdkafka.c, ``rd_kafka_set_fatal_error0``:
+        a log line lies between), so a call on another thread can fail with _FATAL
+        while there is nothing to serve yet: wait for it, briefly. (A chaos campaign
+        saw the loop's poll serve the event and drop it, then a produce fail with a
+        bare _FATAL that was taken for fatal: the replica exited 1 on a fence.)"""
+        deadline = time.monotonic() + _FATAL_CAUSE_WAIT_S
+        while self._fatal is None and time.monotonic() < deadline:
+            self._serve(0.01)
         return self._fatal
+
+    def _serve(self, timeout: float) -> None:
+        """poll(): delivery reports, logs and error events; keeps a fatal error's
+        cause, never raises, and leaves a closed or closing producer alone."""
+        if not self._close_lock.acquire(blocking=False):
+            return  # being closed on another thread
+        try:
+            if not self.closed:
+                self._producer.poll(timeout)
+        except KafkaException as exc:
+            self._keep_fatal(exc)
+            log.debug("producer.poll_failed", transactional_id=self.transactional_id,
+                      error=str(exc))
+        finally:
+            self._close_lock.release()
 
     def _retrying(self, op: str, call: Callable[[float], T]) -> T:
         """Run ``call(timeout)``; retry it while librdkafka says the error is
@@ -228,18 +259,9 @@ class PinnedProducer:
 
     def poll(self) -> None:
         """Serve queued delivery reports, unless the producer is closed or closing;
-        never raises (a producer in a fatal state raises it again from poll: its
-        transaction's own calls report it)."""
-        if not self._close_lock.acquire(blocking=False):
-            return  # being closed on another thread
-        try:
-            if not self.closed:
-                self._producer.poll(0)
-        except KafkaException as exc:
-            log.debug("producer.poll_failed", transactional_id=self.transactional_id,
-                      error=str(exc))
-        finally:
-            self._close_lock.release()
+        never raises. A fatal error served here is kept: the transaction's next call
+        reports it, by its cause."""
+        self._serve(0)
 
     def close(self) -> None:
         """Release the client; librdkafka aborts a transaction still open.

@@ -118,14 +118,18 @@ class Replica:
         return [line for line in self.log_lines() if line.get("event") == name]
 
     def diagnosis(self, lines: int = 40) -> str:
-        """The log without connection noise: its last ``lines`` lines, then the last
-        thread dump and partition states (SIGUSR1) if there were any."""
+        """The log without connection noise: why the stage failed if it did, its last
+        ``lines`` lines, then the last thread dump and partition states (SIGUSR1) if
+        there were any."""
         text = self.log_path.read_text(errors="replace").splitlines()
         noise = ("kafka.client_error", "Connect to ipv4", "brokers are down")
         quiet = [line for line in text if not any(n in line for n in noise)]
         dump_at = max((i for i, line in enumerate(text)
                        if line.startswith(("Thread 0x", "Current thread 0x"))), default=None)
         parts = quiet[-lines:]
+        failed = [line for line in text if '"event": "stage.failed"' in line]
+        if failed:  # first: a long tail is often cut in the middle where it is shown
+            parts = ["--- why it failed", *failed, "--- the log's end", *parts]
         if dump_at is not None:
             start = dump_at
             while start > 0 and (not text[start - 1] or text[start - 1].startswith(

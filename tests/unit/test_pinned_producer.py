@@ -61,6 +61,39 @@ def test_bare_fatal_is_resolved_to_the_cause_error_cb_recorded() -> None:
     fake.poll.assert_not_called()
 
 
+def test_a_fence_served_by_another_threads_poll_is_still_named_by_the_next_call() -> None:
+    # The loop polls every pinned producer: the one poll that serves the fatal event
+    # must keep its cause, or the next produce sees a bare _FATAL and the replica exits.
+    producer, fake = pinned()
+    served = [KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))]
+
+    def poll(timeout: float) -> int:
+        if served:
+            raise served.pop()
+        return 0
+    fake.poll.side_effect = poll
+    producer.poll()
+    fake.produce.side_effect = KafkaException(KafkaError(KafkaError._FATAL, "Fatal"))
+    with pytest.raises(FencedError):
+        producer.produce(OUT, 7)
+
+
+def test_a_bare_fatal_waits_for_its_cause_to_be_queued() -> None:
+    # librdkafka sets the fatal error before it queues the event naming it.
+    producer, fake = pinned()
+    polls = iter([0, 0, KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))])
+
+    def poll(timeout: float) -> int:
+        answer = next(polls, 0)
+        if isinstance(answer, KafkaException):
+            raise answer
+        return answer
+    fake.poll.side_effect = poll
+    fake.produce.side_effect = KafkaException(KafkaError(KafkaError._FATAL, "Fatal"))
+    with pytest.raises(FencedError):
+        producer.produce(OUT, 7)
+
+
 def test_fatal_without_a_known_cause_stays_fatal() -> None:
     producer, fake = pinned()
     fake.produce.side_effect = KafkaException(KafkaError(KafkaError._FATAL, "Fatal"))
