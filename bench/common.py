@@ -399,3 +399,49 @@ def free_port() -> int:
 def port_taken(port: int) -> bool:
     """Something listens on 127.0.0.1:``port``."""
     return port_open(port)
+
+
+# ------------------------------------------------------------------------ broker's log
+
+
+@dataclass(frozen=True)
+class LogBatches:
+    """What a topic's log holds, batch by batch: the broker's units of work (each
+    batch is one append, one CRC check, one idempotence check; each control batch is
+    one transaction marker written to one partition)."""
+
+    batches: int
+    records: int
+    control_batches: int
+    bytes: int
+
+    def per_100k(self, inputs: int) -> dict[str, float]:
+        scale = 100_000 / inputs if inputs else 0.0
+        data = self.batches - self.control_batches
+        return {"data_batches": round(data * scale, 1),
+                "markers": round(self.control_batches * scale, 1),
+                "records_per_data_batch": round((self.records - self.control_batches)
+                                                / data, 1) if data else 0.0}
+
+
+def log_batches(data_dir: Path, topic: str, libs: Path) -> LogBatches:
+    """Count the record batches in every segment of ``topic`` under a broker's log
+    directory, with Kafka's own DumpLogSegments (no record is decoded)."""
+    segments = sorted(str(f) for f in data_dir.glob(f"{topic}-*/*.log"))
+    if not segments:
+        return LogBatches(0, 0, 0, 0)
+    java = shutil.which("java") or "java"
+    dumped = subprocess.run(
+        [java, "-cp", f"{libs}/*", "kafka.tools.DumpLogSegments", "--files", ",".join(segments)],
+        capture_output=True, text=True, check=True, timeout=300).stdout
+    batches = records = control = size = 0
+    for line in dumped.splitlines():
+        if not line.startswith("baseOffset:"):
+            continue
+        fields = line.split()
+        values = dict(zip(fields[::2], fields[1::2], strict=False))
+        batches += 1
+        records += int(values.get("count:", "0"))
+        size += int(values.get("size:", "0"))
+        control += values.get("isControl:") == "true"
+    return LogBatches(batches, records, control, size)

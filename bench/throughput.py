@@ -50,6 +50,7 @@ from bench.common import (
     histogram,
     http_get,
     listening_pids,
+    log_batches,
     metric_value,
     partitions_of,
     proc_status,
@@ -66,6 +67,8 @@ BATCH_SIZE = 500  # the stage's default TXSTAGE_BATCH_SIZE, passed to every mode
 POLL_S = 0.1      # committed-offset polling period
 FIRST_OUTPUT_POLL_S = 0.02
 SCALING_PARTITIONS = (4, 64)
+# bootstrap -> (log directory, Kafka's libs) of a broker started here (see broker())
+PRIVATE_LOGS: dict[str, tuple[Path, Path]] = {}
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,11 @@ class Workload:
     variant: tuple[tuple[str, str], ...] = ()  # the VARIANT mode's extra TXSTAGE_* settings
     broker_pids: tuple[int, ...] = ()  # the broker's JVM when it runs on this box
     broker_idle_cpu_per_s: float = 0.0  # its CPU rate with no client working
+    output_partitions: int | None = None  # the output topic's (None: as many as the input)
+
+    @property
+    def outputs(self) -> int:
+        return self.output_partitions or self.partitions
 
     @property
     def timeout_s(self) -> float:
@@ -123,6 +131,8 @@ class ModeResult:
     # its threads), and the broker's above its idle rate (None: not on this box)
     cpu_s_per_100k: float | None = None
     broker_cpu_s_per_100k: float | None = None
+    # The output topic's log per 100k inputs (--scaling, private broker only)
+    output_log: dict[str, float] | None = None
 
 
 # ---------------------------------------------------------------------------- workload
@@ -242,8 +252,8 @@ def measure(w: Workload, mode: str, *, argv: Sequence[str] | None = None,
     """Run one process over the workload until everything is committed, then verify."""
     group = f"bench-{w.run_id}-{mode}{tag}-{w.partitions}"
     output = f"{group}-out"
-    ensure_topics(w.bootstrap, {output: w.partitions})
-    out_keys = [(output, p) for p in range(w.partitions)]
+    ensure_topics(w.bootstrap, {output: w.outputs})
+    out_keys = [(output, p) for p in range(w.outputs)]
     proc = _process(w, mode, group, output, argv)
     memory: dict[str, ProcStatus | None] = {}
     load = os.getloadavg()[0]
@@ -473,7 +483,11 @@ def broker(bootstrap: str | None, say: Callable[[str], None]) -> Iterator[str]:
     with KafkaCluster(nodes=1) as cluster:
         say(f"private Kafka {KAFKA_VERSION} node at {cluster.bootstrap} "
             f"(started in {cluster.startup_seconds:.1f} s)")
-        yield cluster.bootstrap
+        PRIVATE_LOGS[cluster.bootstrap] = (cluster.nodes[0].data, cluster.libs)
+        try:
+            yield cluster.bootstrap
+        finally:
+            PRIVATE_LOGS.pop(cluster.bootstrap, None)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -487,6 +501,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--scaling", action="store_true",
                         help="also run exactly-once over 4 and 64 input partitions")
+    parser.add_argument("--scaling-outputs", type=int, default=None, metavar="N",
+                        help="with --scaling: output topics of N partitions (default: as "
+                             "many as the input's, 4 and 64)")
     parser.add_argument("--profile", metavar="FILE", type=Path, default=None,
                         help="only profile one exactly-once replica into FILE (pstats format)")
     parser.add_argument("--profile-mode", choices=MODES[:2], default="exactly_once",
@@ -592,12 +609,23 @@ def run_scaling(bootstrap: str, run_id: str, log_dir: Path, args: argparse.Names
     results = []
     for partitions in SCALING_PARTITIONS:
         w = replace(workload(bootstrap, run_id, log_dir, args, partitions),
-                    broker_idle_cpu_per_s=broker_idle_cpu_per_s)
+                    broker_idle_cpu_per_s=broker_idle_cpu_per_s,
+                    output_partitions=args.scaling_outputs)
         r = measure(w, "exactly_once", tag="-scaling")
         say(f"  exactly_once over {partitions} partitions: {r.records_per_s:,.0f} rec/s, "
             f"{_verdict(r)}")
+        r.output_log = _output_log(w, f"bench-{run_id}-exactly_once-scaling-{partitions}-out")
         results.append(r)
     return results
+
+
+def _output_log(w: Workload, topic: str) -> dict[str, float] | None:
+    """The output topic's batches and transaction markers per 100k inputs, read from
+    the private broker's log (None with --bootstrap: its log is not on this box)."""
+    where = PRIVATE_LOGS.get(w.bootstrap)
+    if where is None:
+        return None
+    return log_batches(where[0], topic, where[1]).per_100k(w.records)
 
 
 def report(args: argparse.Namespace, info: dict[str, object], w: Workload,
@@ -610,6 +638,7 @@ def report(args: argparse.Namespace, info: dict[str, object], w: Workload,
                      "commit_interval_ms": w.commit_interval_ms, "batch_size": BATCH_SIZE,
                      "warm_up_records": args.warm_up, "repeat": args.repeat}
     scaling_info = ({"runs": [asdict(r) for r in scaling],
+                     "output_partitions": args.scaling_outputs or "as many as the input's",
                      **scaling_summary(scaling[0], scaling[1])} if scaling else None)
     summary: dict[str, object] = {
         "machine": info, "workload": workload_info,
@@ -645,12 +674,18 @@ def print_human(results: dict[str, ModeResult], scaling: list[ModeResult],
         s = summary["scaling"]
         assert isinstance(s, dict)
         lines += ["", f"pool scaling (exactly_once, 64 / 4 partitions): {s['ratio']:.3f}",
+                  f"  output topics: {s['output_partitions']} partitions",
                   f"  per extra pinned producer (64 vs 4 runs, at ready): "
                   f"{_fmt(_kb_to_mb(s.get('rss_kb_per_producer_at_ready')), ' MB', 2)} RSS, "
                   f"{_fmt(s.get('threads_per_producer_at_ready'), ' threads', 2)}",
                   f"  within the 64-partition run (ready - before assignment) / 64: "
                   f"{_fmt(_kb_to_mb(s.get('rss_kb_per_producer_in_run')), ' MB', 2)} RSS, "
-                  f"{_fmt(s.get('threads_per_producer_in_run'), ' threads', 2)}"]
+                  f"{_fmt(s.get('threads_per_producer_in_run'), ' threads', 2)}",
+                  *(f"  output log, {r.partitions} input partitions, per 100k inputs: "
+                    f"{r.output_log['data_batches']:,.0f} batches of "
+                    f"{r.output_log['records_per_data_batch']:.1f} records, "
+                    f"{r.output_log['markers']:,.0f} transaction markers"
+                    for r in scaling if r.output_log)]
     verdict = "clean" if summary["exactly_once_verified"] else "FAILED"
     lines += ["", f"exactly-once lineage check (V1-V5) of the measured runs: {verdict}"]
     for row in rows:

@@ -26,10 +26,7 @@ def crash_on_first_attempt(record: Record) -> Iterator[Output]:
     close. Before that it waits a moment so the open transaction's outputs are really on
     the broker (uncommitted): the retry must fence that attempt and hide them.
     """
-    context = TaskContext.get()
-    if record.offset == CRASH_AT and context is not None and context.attemptNumber() == 0:
-        time.sleep(1.0)
-        os._exit(17)
+    _die_on_the_first_attempt_at(CRASH_AT, record)
     yield from square(record)
 
 
@@ -45,6 +42,15 @@ def keyless_to_compacted_at_42(record: Record) -> Iterator[Output]:
         yield Output(value=b"no key", key=None, topic=REFUSING_TOPIC)
 
 
+def _die_on_the_first_attempt_at(offset: int, record: Record) -> None:
+    """At ``offset``, on a task's first attempt: wait a second (the open transaction's
+    outputs reach the broker), then exit the worker at once, as a lost executor does."""
+    context = TaskContext.get()
+    if record.offset == offset and context is not None and context.attemptNumber() == 0:
+        time.sleep(1.0)
+        os._exit(17)
+
+
 DIES_AT = 150  # past the refusal at 42 (committed) and before the one at 142 is found
 
 
@@ -55,8 +61,16 @@ def keyless_at_42_dying_at_150(record: Record) -> Iterator[Output]:
     refusal's committed dead letter, then isolate the second refusal itself. Expected
     output: keyless_to_compacted_at_42's."""
     time.sleep(0.002)
-    context = TaskContext.get()
-    if record.offset == DIES_AT and context is not None and context.attemptNumber() == 0:
-        time.sleep(1.0)
-        os._exit(17)
+    _die_on_the_first_attempt_at(DIES_AT, record)
     yield from keyless_to_compacted_at_42(record)
+
+
+SLOW_DIES_AT = 450  # reached only after the broker restart of the test that uses it
+
+
+def slow_dying_at_450(record: Record) -> Iterator[Output]:
+    """Square, taking 5 ms a record; the first attempt of every Spark task dies at
+    offset SLOW_DIES_AT mid-transaction, like crash_on_first_attempt."""
+    time.sleep(0.005)
+    _die_on_the_first_attempt_at(SLOW_DIES_AT, record)
+    yield from square(record)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,11 +25,12 @@ from service.backfill.specs import parse_sink, parse_source
 from service.deadletter import ERROR_CLASS
 from service.errors import FencedError
 from service.examples.square import square
+from service.local_kafka.cluster import KafkaCluster
 from service.settings import environment
 from service.verify import expected_outputs, read_topics
 from tests.harness.admin import create_topic, partition_leaders
 from tests.harness.reading import end_offsets, read_committed, read_uncommitted
-from tests.integration.backfill_faults import CRASH_AT, DIES_AT, REFUSING_TOPIC
+from tests.integration.backfill_faults import CRASH_AT, DIES_AT, REFUSING_TOPIC, SLOW_DIES_AT
 from tests.integration.conftest import PARTITIONS, StageSetup
 from tests.integration.conftest_spark import (  # noqa: F401  (fixtures)
     REPO_ROOT,
@@ -138,6 +141,17 @@ def test_a_record_whose_output_the_broker_refuses_is_dead_lettered_as_the_stream
         assert written >= 1600 - 16 + PARTITIONS * (DIES_AT - 100), written
 
 
+def assert_squares_of_inputs(bootstrap: str, source: str, out: str, count: int) -> None:
+    """``out`` holds the square of every record of ``source``, once each, by lineage."""
+    expected = expected_outputs(read_topics(bootstrap, [source]), square,
+                                default_topic=out, dlq_topic=None)
+    actual = list(parity.from_topics(bootstrap, [out]))
+    wanted = [parity.Output(p.topic, p.key, p.value, tuple(p.headers)) for p in expected.values()]
+    report = parity.compare(wanted, actual)
+    assert report.ok, report.problems()
+    assert report.actual == count
+
+
 def test_a_task_dying_mid_slice_is_retried_with_no_duplicate_and_nothing_lost(
         new_topic: NewTopic, backfill: Backfill) -> None:
     source, out = new_topic(partitions=2, prefix="in"), new_topic(partitions=2, prefix="out")
@@ -149,17 +163,51 @@ def test_a_task_dying_mid_slice_is_retried_with_no_duplicate_and_nothing_lost(
         "--transaction-records", "100")
     assert code == 0, err
 
-    expected = expected_outputs(read_topics(backfill.bootstrap, [source]), square,
-                                default_topic=out, dlq_topic=None)
-    actual = list(parity.from_topics(backfill.bootstrap, [out]))
-    wanted = [parity.Output(p.topic, p.key, p.value, tuple(p.headers)) for p in expected.values()]
-    report = parity.compare(wanted, actual)
-    assert report.ok, report.problems()
-    assert report.actual == 1000
+    assert_squares_of_inputs(backfill.bootstrap, source, out, 1000)
     # The dead attempts' open transactions (offsets 200..CRASH_AT of each slice) did reach
     # the log, and stay invisible: aborted by the retry's init_transactions.
     written = len(read_uncommitted(backfill.bootstrap, out))
     assert written >= 1000 + 2 * (CRASH_AT - 200), written
+    assert "inputs          1000 (" in printed
+
+
+def test_a_broker_restart_during_a_slow_slice_then_a_task_death_lose_and_duplicate_nothing(
+        make_cluster: Callable[..., KafkaCluster], backfill: Backfill,
+        monkeypatch: pytest.MonkeyPatch, unique_name: Callable[[str], str]) -> None:
+    # Two faults in one slice: the only broker is killed while a 5 ms transform is
+    # mid-slice (transactions and progress writes wait for it) and comes back; then the
+    # task's first attempt dies mid-transaction, and its retry must resume from the
+    # progress committed across the restart.
+    cluster = make_cluster(1)
+    monkeypatch.setenv("TXSTAGE_BOOTSTRAP_SERVERS", cluster.bootstrap)
+    source = create_topic(cluster.bootstrap, unique_name("in"), partitions=2)
+    out = create_topic(cluster.bootstrap, unique_name("out"), partitions=2)
+    produce_inputs(cluster.bootstrap, source, range(1000), 2)  # offsets 0..499 per partition
+    restarted: list[float] = []
+
+    def kill_and_restart() -> None:
+        time.sleep(2.0)  # slices are a few hundred records in: well before SLOW_DIES_AT
+        cluster.kill(0)
+        time.sleep(3.0)
+        cluster.restart(0)
+        restarted.append(time.monotonic())
+
+    chaos = threading.Thread(target=kill_and_restart, daemon=True)
+    chaos.start()
+    code, printed, err = backfill(
+        "--source", f"kafka://{source}", "--sink", f"kafka://{out}", "--dlq-topic", "",
+        "--transform", "tests.integration.backfill_faults:slow_dying_at_450",
+        "--transaction-records", "100")
+    finished = time.monotonic()
+    chaos.join(60)
+    assert code == 0, err
+    assert restarted and restarted[0] < finished, "the broker came back after the job ended"
+
+    assert_squares_of_inputs(cluster.bootstrap, source, out, 1000)
+    # The deaths happened: each first attempt's open transaction (from offset 400 to
+    # SLOW_DIES_AT) reached the log and stays invisible.
+    written = len(read_uncommitted(cluster.bootstrap, out))
+    assert written >= 1000 + 2 * (SLOW_DIES_AT - 400), written
     assert "inputs          1000 (" in printed
 
 
