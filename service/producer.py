@@ -178,25 +178,31 @@ class PinnedProducer:
     def init(self) -> None:
         """init_transactions: fences any older producer with this id, finishes its txn.
 
-        With ``connect_first``, a metadata request for the pinned topic first. Why: a
-        new producer's first FindCoordinator can go to its *bootstrap* broker, which
+        With ``connect_first``, two metadata requests for the pinned topic first. Why:
+        a new producer's first FindCoordinator can go to its *bootstrap* broker, which
         librdkafka decommissions as soon as the first metadata names the real broker
         behind that address; the lookup then fails with ``_DESTROY_BROKER`` and is
         retried on the 500 ms coordinator query timer (rdkafka_txnmgr.c,
         ``rd_kafka_txn_coord_timer_start``; seen with ``debug=eos``: 3 of 8 producers
         initialised at once took 0.52 s, the others 0.02-0.06 s). After one metadata
-        round trip the bootstrap broker is gone and the lookup goes to the real one
-        (measured on one node: 0.51 to 0.57 s without, 0.07 s with). Its failure is
-        left to init_transactions to report. The backfill uses it (a new producer per
-        slice). The stage does not: with it, a stage whose new producers were
-        initialising when its only broker froze for 17 s never finished
-        init_transactions within the 90 s deadline and exited 1 (test_compound_faults,
-        frozen broker: 2 of 4 runs with a 5 s bound, 2 of 4 again with 1 s, none of 4
-        without); why is not understood yet."""
+        round trip the bootstrap broker is gone (measured on one node: 0.51 to 0.57 s
+        without, 0.07 s with), but the real one may not be connected yet: the lookup
+        then finds "No brokers available for Transactions (2 broker(s) known)" and
+        waits for the same timer (seen in a stage's ``debug=eos`` log: 1 producer in 4,
+        on a busy box). The second request waits for a connected broker (librdkafka's
+        ``rd_kafka_broker_any_usable``), so the lookup has one. A failure is left to
+        init_transactions to report. The backfill uses it (a new producer per
+        slice), and so does the stage for a partition's first producer of an
+        assignment, not for a replacement (ExactlyOnce.init): with it, a stage whose
+        replacement producers were initialising when its only broker froze for 17 s
+        never finished init_transactions within the 90 s deadline and exited 1
+        (test_compound_faults, frozen broker: 2 of 4 runs with a 5 s bound, 2 of 4
+        again with 1 s, none of 4 without); why is not understood yet."""
         if self.connect_first:
             try:
-                self._producer.list_topics(self.topic,
-                                           timeout=min(self.deadline_s, _WARM_UP_S))
+                for _ in range(2):
+                    self._producer.list_topics(self.topic,
+                                               timeout=min(self.deadline_s, _WARM_UP_S))
             except KafkaException as exc:
                 log.debug("producer.warm_up_failed", transactional_id=self.transactional_id,
                           error=str(exc))

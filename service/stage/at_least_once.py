@@ -84,7 +84,7 @@ class AtLeastOnce:
     def transactional_id(self, key: TopicPartitionKey) -> None:
         return None
 
-    def init(self, key: TopicPartitionKey) -> Job:
+    def init(self, key: TopicPartitionKey, replacing: bool = False) -> Job:
         self._forget(key)
         self._owned.add(key)
         self._sent.pop(key, None)

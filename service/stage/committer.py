@@ -20,8 +20,9 @@ GroupMetadata = Callable[[], object]
 
 
 class Committer(Protocol):
-    def init(self, key: TopicPartitionKey) -> Job:
-        """Make the partition's producer ready (exactly-once: init_transactions)."""
+    def init(self, key: TopicPartitionKey, replacing: bool = False) -> Job:
+        """Make the partition's producer ready (exactly-once: init_transactions);
+        ``replacing`` one given up after trouble (see state.StartInit)."""
 
     def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
         """Queue one input record's outputs; raises KafkaOperationError."""

@@ -56,7 +56,15 @@ class ExactlyOnce:
     def transactional_id(self, key: TopicPartitionKey) -> str:
         return self._settings.transactional_id(*key)
 
-    def init(self, key: TopicPartitionKey) -> Job:
+    def init(self, key: TopicPartitionKey, replacing: bool = False) -> Job:
+        """A job: a new pinned producer for ``key``, its transactions initialised.
+
+        A partition's first producer of an assignment asks for metadata before
+        init_transactions (PinnedProducer's ``connect_first``): without it, a third of
+        new producers wait out librdkafka's 500 ms coordinator timer, and a fail-over
+        or a rebalance waits for the slowest. A replacement does not: it follows
+        trouble with the cluster, and with a frozen broker the metadata request was
+        seen to keep init_transactions from finishing (PinnedProducer.init)."""
         def job() -> Event:
             tid = self.transactional_id(key)
             started = time.monotonic()
@@ -68,7 +76,7 @@ class ExactlyOnce:
                                       self._settings.statistics_interval_ms)
                     config["stats_cb"] = self._metrics.transaction_states.callback(tid)
                 producer = PinnedProducer(config, *key, deadline_s=self._deadline_s,
-                                          on_error=error_cb(tid))
+                                          on_error=error_cb(tid), connect_first=not replacing)
                 producer.init()
             except KafkaOperationError as exc:
                 log.error("producer.init_failed", transactional_id=tid, error=str(exc))

@@ -305,9 +305,9 @@ class Loop:
                     self.consumer.resume([partition.tp])
             case sm.Seek(offset):
                 self._seek(partition, offset)
-            case sm.StartInit():
+            case sm.StartInit(replacing):
                 if not partition.releasing:
-                    self.jobs.start(partition, self.committer.init(partition.key))
+                    self.jobs.start(partition, self.committer.init(partition.key, replacing))
             case sm.LookupPosition():
                 if not partition.releasing:
                     self.jobs.start(partition, self._lookup_position(partition))

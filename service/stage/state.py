@@ -337,7 +337,11 @@ class Seek:
 
 @dataclass(frozen=True, slots=True)
 class StartInit:
-    pass
+    """Make the partition's producer ready. ``replacing``: a producer of this
+    assignment was given up (fenced, stuck, renewed after an abort), which follows
+    trouble with the cluster."""
+
+    replacing: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -696,7 +700,7 @@ def _abort_done(state: PartitionState, event: AbortDone, policy: Policy) -> Step
     phase = Phase.POSITIONING
     if policy.renew_after_abort:
         phase = Phase.INITIALISING
-        actions += [CloseProducer(), StartInit()]
+        actions += [CloseProducer(), StartInit(replacing=True)]
     else:
         actions.append(LookupPosition())
     return replace(state, phase=phase, txn=None, abort_streak=streak,
@@ -781,7 +785,7 @@ def _tick(state: PartitionState, event: Tick, policy: Policy) -> Step:
         # the partition (the coordinator timed our transaction out). Waiting that long
         # keeps a zombie from fencing the real owner.
         return replace(state, phase=Phase.INITIALISING, fenced_at=None), [
-            Reclaiming(), StartInit()]
+            Reclaiming(), StartInit(replacing=True)]
     return _ignored(state)
 
 

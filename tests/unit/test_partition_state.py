@@ -499,3 +499,15 @@ def test_an_output_the_acls_deny_fails_the_replica_after_the_abort_naming_the_pe
     assert isinstance(fail, sm.Fail)
     assert str(fail.error).startswith(
         "permission denied: WRITE on an output or dead-letter topic")
+
+
+def test_only_a_partitions_first_producer_of_an_assignment_is_not_a_replacement() -> None:
+    # The committer warms a first producer up (a metadata round trip before
+    # init_transactions) and never a replacement, which follows cluster trouble.
+    _, actions = sm.assigned()
+    assert [a for a in actions if isinstance(a, sm.StartInit)] == [sm.StartInit(replacing=False)]
+    _, actions = step(active(0, 5), sm.ProduceFailed(abortable(), 1.0), sm.AbortDone((), 1.1))
+    assert [a for a in actions if isinstance(a, sm.StartInit)] == [sm.StartInit(replacing=True)]
+    state, _ = step(active(0, 5), sm.ProduceFailed(fenced("produce"), 1.0))
+    _, actions = step(state, sm.Tick(1.0 + POLICY.reclaim_after_s))
+    assert [a for a in actions if isinstance(a, sm.StartInit)] == [sm.StartInit(replacing=True)]

@@ -31,7 +31,11 @@ def test_init_connects_before_asking_for_a_transactional_pid() -> None:
     producer.init()  # a failed warm-up is init_transactions' to report, if it persists
     assert [c[0] for c in fake.mock_calls[:2]] == ["list_topics", "init_transactions"]
     assert fake.list_topics.call_args.args == ("in",)
-    stage_producer, fake = pinned()  # the stage's: see PinnedProducer.init
+    producer, fake = pinned(connect_first=True)  # the second waits for a connected broker
+    producer.init()
+    assert [c[0] for c in fake.mock_calls[:3]] == ["list_topics", "list_topics",
+                                                   "init_transactions"]
+    stage_producer, fake = pinned()  # a replacement's: see PinnedProducer.init
     stage_producer.init()
     fake.list_topics.assert_not_called()
 
