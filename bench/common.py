@@ -413,7 +413,6 @@ class LogBatches:
     batches: int
     records: int
     control_batches: int
-    bytes: int
 
     def per_100k(self, inputs: int) -> dict[str, float]:
         scale = 100_000 / inputs if inputs else 0.0
@@ -429,12 +428,12 @@ def log_batches(data_dir: Path, topic: str, libs: Path) -> LogBatches:
     directory, with Kafka's own DumpLogSegments (no record is decoded)."""
     segments = sorted(str(f) for f in data_dir.glob(f"{topic}-*/*.log"))
     if not segments:
-        return LogBatches(0, 0, 0, 0)
+        return LogBatches(0, 0, 0)
     java = shutil.which("java") or "java"
     dumped = subprocess.run(
         [java, "-cp", f"{libs}/*", "kafka.tools.DumpLogSegments", "--files", ",".join(segments)],
         capture_output=True, text=True, check=True, timeout=300).stdout
-    batches = records = control = size = 0
+    batches = records = control = 0
     for line in dumped.splitlines():
         if not line.startswith("baseOffset:"):
             continue
@@ -442,6 +441,5 @@ def log_batches(data_dir: Path, topic: str, libs: Path) -> LogBatches:
         values = dict(zip(fields[::2], fields[1::2], strict=False))
         batches += 1
         records += int(values.get("count:", "0"))
-        size += int(values.get("size:", "0"))
         control += values.get("isControl:") == "true"
-    return LogBatches(batches, records, control, size)
+    return LogBatches(batches, records, control)

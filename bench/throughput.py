@@ -131,6 +131,7 @@ class ModeResult:
     # its threads), and the broker's above its idle rate (None: not on this box)
     cpu_s_per_100k: float | None = None
     broker_cpu_s_per_100k: float | None = None
+    output_topic: str = ""
     # The output topic's log per 100k inputs (--scaling, private broker only)
     output_log: dict[str, float] | None = None
 
@@ -281,7 +282,8 @@ def measure(w: Workload, mode: str, *, argv: Sequence[str] | None = None,
                         records_per_s=round(w.records / seconds, 1),
                         mb_per_s=round(w.records * w.value_bytes / seconds / 1e6, 2),
                         startup_s=round(ready_at - launched, 3), exit_code=code,
-                        log=str(proc.log_path), memory=memory, loadavg_1m=round(load, 2))
+                        log=str(proc.log_path), memory=memory, loadavg_1m=round(load, 2),
+                        output_topic=output)
     _cpu(result, w, cpu_first, cpu_done)
     _read_metrics(result, text)
     _verify(result, w, group, output)
@@ -614,7 +616,7 @@ def run_scaling(bootstrap: str, run_id: str, log_dir: Path, args: argparse.Names
         r = measure(w, "exactly_once", tag="-scaling")
         say(f"  exactly_once over {partitions} partitions: {r.records_per_s:,.0f} rec/s, "
             f"{_verdict(r)}")
-        r.output_log = _output_log(w, f"bench-{run_id}-exactly_once-scaling-{partitions}-out")
+        r.output_log = _output_log(w, r.output_topic)
         results.append(r)
     return results
 

@@ -199,9 +199,14 @@ _GROUP_MOVED_ON = frozenset({
 })
 
 
+def kafka_error(exc: KafkaException) -> KafkaError | None:
+    """The KafkaError a KafkaException carries, if it carries one."""
+    return exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+
+
 def translate(exc: KafkaException, where: Where) -> KafkaOperationError:
     """Turn a KafkaException into the txstage error that says what to do."""
-    error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    error = kafka_error(exc)
     if error is None:
         error = KafkaError(KafkaError._FAIL, str(exc), fatal=True)
     if where.op == "send_offsets_to_transaction" and error.code() in _GROUP_MOVED_ON:

@@ -26,6 +26,7 @@ from service.errors import (
     RetriableError,
     Where,
     classify,
+    kafka_error,
     translate,
 )
 from service.kafka_config import Config
@@ -122,7 +123,7 @@ class PinnedProducer:
         poll that serves its event (confluent-kafka raises it there instead of calling
         error_cb), or from the call it failed. Every later call fails with a bare
         _FATAL and only this names the cause."""
-        error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        error = kafka_error(exc)
         if error is not None and error.fatal() and error.code() != KafkaError._FATAL \
                 and self._fatal is None:
             self._fatal = error
@@ -143,7 +144,8 @@ class PinnedProducer:
         """poll(): delivery reports, logs and error events; keeps a fatal error's
         cause, never raises, and leaves a closed or closing producer alone."""
         if not self._close_lock.acquire(blocking=False):
-            return  # being closed on another thread
+            time.sleep(timeout)  # being closed on another thread: nothing to serve
+            return
         try:
             if not self.closed:
                 self._producer.poll(timeout)

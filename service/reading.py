@@ -24,6 +24,8 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
+from service.errors import kafka_error
+
 Partition = tuple[str, int]
 Config = Mapping[str, Any]
 EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
@@ -52,7 +54,7 @@ def partitions(config: Config, topics: Iterable[str]) -> list[Partition]:
 
 
 def _denied(exc: KafkaException, name: str) -> Exception:
-    error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    error = kafka_error(exc)
     if error is not None and error.code() in _DENIED:
         return PermissionError(f"missing permission: {_DENIED[error.code()]} `{name}`")
     return exc

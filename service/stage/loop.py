@@ -38,6 +38,7 @@ from service.errors import (
     RetriableError,
     TopicLimitPending,
     Where,
+    kafka_error,
     translate,
 )
 from service.health import Health
@@ -408,7 +409,7 @@ class Loop:
         try:
             self.consumer.seek(TopicPartition(partition.topic, partition.partition, target))
         except KafkaException as exc:
-            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            error = kafka_error(exc)
             if error is None or error.code() not in (KafkaError._STATE,
                                                      KafkaError._PREV_IN_PROGRESS):
                 raise translate(exc, Where("seek", None, partition.topic, partition.partition,
