@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import ClassVar
 
@@ -180,6 +180,16 @@ def all_committed(bootstrap: str, group: str, topics: list[str]) -> bool:
         return False
     # An empty partition has nothing to commit (and no committed offset): it is done.
     return all(end == 0 or committed.get(key, -1) >= end for key, end in ends.items())
+
+
+def paced(values: Iterable[int], per_second: float) -> Iterator[int]:
+    """``values`` no faster than ``per_second``: input that keeps arriving for a while."""
+    started = time.monotonic()
+    for n, v in enumerate(values):
+        ahead = n / per_second - (time.monotonic() - started)
+        if ahead > 0.05:
+            time.sleep(ahead)
+        yield v
 
 
 def produce_inputs(bootstrap: str, topic: str, values: Iterable[int], partitions: int,

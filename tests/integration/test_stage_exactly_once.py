@@ -10,7 +10,7 @@ import pytest
 
 from tests.harness.reading import read_committed, read_uncommitted
 from tests.integration.conftest import PARTITIONS, StageSetup, long_transactions
-from tests.integration.replicas import produce_inputs, wait_for
+from tests.integration.replicas import paced, produce_inputs, wait_for
 from tests.integration.replicas import value as metric_value
 
 pytestmark = pytest.mark.kafka
@@ -31,19 +31,27 @@ def test_scale_out_and_in_moves_producers_without_duplicates(stage: StageSetup) 
     first = stage.replica("first")
     wait_for(first.ready, 30, "the first replica to be ready", stage.logs)
     feeder = threading.Thread(target=produce_inputs, args=(
-        stage.bootstrap, stage.input_topic, range(30_000), PARTITIONS),
+        stage.bootstrap, stage.input_topic, paced(range(30_000), per_second=3_000), PARTITIONS),
         kwargs={"value": lambda i: str(i).encode()})
     feeder.start()
     second = stage.replica("second", TXSTAGE_TRANSFORM="tests.integration.transforms:slow_square",
                            TEST_DELAY_MS="0")
-    wait_for(lambda: bool(second.events("partitions.assigned")) and second.ready(), 60,
+
+    def owned_by_second() -> set[str]:
+        return {p for e in second.events("partitions.assigned")
+                for p in e["partitions"]}  # type: ignore[attr-defined]
+
+    # Scale out: an empty first assignment (cooperative) is not taking partitions.
+    wait_for(lambda: bool(owned_by_second()) and second.ready(), 60,
              "the second replica to take partitions", stage.logs)
+    assert feeder.is_alive(), "scale-out must happen while input is still arriving"
     assert first.terminate() == 0  # scale in while input is still arriving
+    # The survivor takes the rest at its next rebalance, seconds after the LeaveGroup.
+    wait_for(lambda: len(owned_by_second()) == PARTITIONS, 60,
+             "the survivor to own every partition", stage.logs)
     feeder.join()
     stage.wait_committed()
     stage.assert_exactly_once()
-    moved = {p for e in second.events("partitions.assigned") for p in e["partitions"]}  # type: ignore[attr-defined]
-    assert len(moved) == PARTITIONS, "the survivor must own every partition in the end"
     assert first.events("partitions.revoked"), "the leaving replica must revoke and close"
     assert second.terminate() == 0
 
