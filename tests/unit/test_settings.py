@@ -38,6 +38,18 @@ def test_consumer_reads_committed_and_never_auto_commits() -> None:
     assert config["fetch.max.bytes"] == "1024"
 
 
+def test_classic_members_heartbeat_a_tenth_of_their_session_at_most_every_3_s() -> None:
+    # Survivors learn of a dead member's rebalance at their next heartbeat.
+    def heartbeat(**env: str) -> object:
+        return consumer_config(load_settings({**BASE, **env})).get("heartbeat.interval.ms")
+
+    assert heartbeat() == 3_000  # the 45 s default session: librdkafka's own default
+    assert heartbeat(TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS="10000") == 1_000
+    assert heartbeat(TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS="10000",
+                     TXSTAGE_CONSUMER__HEARTBEAT_INTERVAL_MS="2500") == "2500"  # told
+    assert heartbeat(TXSTAGE_GROUP_PROTOCOL="consumer") is None  # the broker's setting
+
+
 def test_producer_is_idempotent_and_pinned() -> None:
     settings = load_settings({**BASE, "TXSTAGE_PRODUCER__LINGER_MS": "20"})
     config = producer_config(settings, "grp.in-a.0")
