@@ -231,10 +231,13 @@ class PinnedProducer:
         with self._translated("produce", offset):
             produce(self._producer, out, self.deliveries.for_record(offset), partition=partition)
 
-    def produce_all(self, outputs: list[Produced], offset: int) -> None:
-        """Queue one input record's outputs; a failed one's report names ``offset``
-        (delivery reports carry no headers). The hot path: one call per record."""
-        report = self.deliveries.for_record(offset)
+    def produce_all(self, outputs: list[Produced], offset: int, *,
+                    name_record: bool = True) -> None:
+        """Queue one input record's outputs. ``name_record``: a failed one's report
+        names ``offset`` (delivery reports carry no headers), at the price of a
+        callback object per record; else it names none (the producer's own callback).
+        The hot path: one call per record."""
+        report = self.deliveries.for_record(offset) if name_record else None
         send = self._producer.produce
         for out in outputs:
             try:

@@ -90,7 +90,8 @@ class AtLeastOnce:
         self._sent.pop(key, None)
         return lambda: InitDone(time.monotonic())
 
-    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
+    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced], *,
+              name_record: bool = True) -> None:
         window = self._open.get(key)
         if window is None:
             window = self._open[key] = Window(offset)

@@ -24,8 +24,12 @@ class Committer(Protocol):
         """Make the partition's producer ready (exactly-once: init_transactions);
         ``replacing`` one given up after trouble (see state.StartInit)."""
 
-    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
-        """Queue one input record's outputs; raises KafkaOperationError."""
+    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced], *,
+              name_record: bool = True) -> None:
+        """Queue one input record's outputs; raises KafkaOperationError.
+        ``name_record``: a failed output's report must name ``offset``. A flowing
+        partition writes without (exactly-once: a refusal nobody names is found by
+        bisection, whose records are written named); at-least-once always names."""
 
     def commit(self, key: TopicPartitionKey, txn: Txn,
                group_metadata: GroupMetadata) -> Job | Event:

@@ -93,12 +93,13 @@ class ExactlyOnce:
             return InitDone(time.monotonic())
         return job
 
-    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
+    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced], *,
+              name_record: bool = True) -> None:
         producer = self._producers[key]
         if not producer.in_transaction:
             producer.begin()
-        if outputs:  # a failed output's report names its input record
-            producer.produce_all(outputs, offset)
+        if outputs:
+            producer.produce_all(outputs, offset, name_record=name_record)
 
     def commit(self, key: TopicPartitionKey, txn: Txn, group_metadata: GroupMetadata) -> Job:
         producer = self._producers[key]

@@ -22,14 +22,24 @@ T = TypeVar("T")
 
 
 class Jobs:
-    def __init__(self, workers: int = 16) -> None:
+    """Two pools. Commits, aborts and closes share ``workers`` threads: more would let
+    every partition commit at once on a small machine, and each commit slows down.
+    An assignment's inits and position reads get ``startup_workers`` of their own:
+    they wait on the broker, not the CPU, and no partition fetches before its own
+    are done, so waves of them are time every new partition stands still."""
+
+    def __init__(self, workers: int = 16, startup_workers: int = 64) -> None:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="txstage-job")
+        self._startup = ThreadPoolExecutor(max_workers=startup_workers,
+                                           thread_name_prefix="txstage-start")
         self._done: queue.SimpleQueue[tuple[Partition, object, Completion]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._running = 0
 
-    def start(self, partition: Partition, job: Callable[[], Event | None]) -> None:
-        """Run ``job`` for ``partition``; its completion is the partition's next event."""
+    def start(self, partition: Partition, job: Callable[[], Event | None], *,
+              startup: bool = False) -> None:
+        """Run ``job`` for ``partition``; its completion is the partition's next event.
+        ``startup``: an init or a position read, on the startup pool."""
         token = object()
 
         def run() -> Completion:
@@ -44,7 +54,8 @@ class Jobs:
                 then()
             return completion
 
-        partition.job = (token, self._executor.submit(self._counted(run)))
+        executor = self._startup if startup else self._executor
+        partition.job = (token, executor.submit(self._counted(run)))
 
     def abandon(self, partition: Partition, then: Callable[[], object]) -> None:
         """The partition is gone; run ``then`` once its job (if any) has ended."""
@@ -95,6 +106,7 @@ class Jobs:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._startup.shutdown(wait=False, cancel_futures=True)
 
     @property
     def busy(self) -> bool:

@@ -176,7 +176,7 @@ class Loop:
                 self._not_processed(partition, msg, exc, now)
                 continue
             observe(clock() - started)
-            consumed += self._written(partition, record, result, now)
+            consumed += self._written(partition, record, result, now, name_record=False)
         self.metrics.consumed.inc(consumed)
         for partition in partitions.values():
             if partition.batch_records:
@@ -230,14 +230,16 @@ class Loop:
         return self._written(partition, record, result, now)
 
     def _written(self, partition: Partition, record: Record, result: Result,
-                 now: float) -> bool:
+                 now: float, *, name_record: bool = True) -> bool:
         """Hand a processed record's outputs to the committer and advance the
-        partition's batch; False when the write failed (the state machine is told)."""
+        partition's batch; False when the write failed (the state machine is told).
+        ``name_record``: see Committer.write (off on the hot path only)."""
         if result.error is not None:
             self._dead_lettered(partition, record, result.error)
         offset = record.offset
         try:
-            self.committer.write(partition.key, offset, result.outputs)
+            self.committer.write(partition.key, offset, result.outputs,
+                                 name_record=name_record)
         except KafkaOperationError as exc:
             self.dispatch(partition, sm.ProduceFailed(exc, now))
             return False
@@ -308,10 +310,11 @@ class Loop:
                 self._seek(partition, offset)
             case sm.StartInit(replacing):
                 if not partition.releasing:
-                    self.jobs.start(partition, self.committer.init(partition.key, replacing))
+                    self.jobs.start(partition, self.committer.init(partition.key, replacing),
+                                    startup=True)
             case sm.LookupPosition():
                 if not partition.releasing:
-                    self.jobs.start(partition, self._lookup_position(partition))
+                    self.jobs.start(partition, self._lookup_position(partition), startup=True)
             case sm.StartCommit(txn):
                 self._run(partition, self.committer.commit(
                     partition.key, txn, self._group_metadata()))

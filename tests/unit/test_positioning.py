@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -65,9 +65,13 @@ class ScriptedConsumer:
 @dataclass
 class RecordingCommitter:
     written: list[int] = field(default_factory=list)
+    named: list[int] = field(default_factory=list)  # written asking reports to name them
 
-    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
+    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced], *,
+              name_record: bool = True) -> None:
         self.written.append(offset)
+        if name_record:
+            self.named.append(offset)
 
     def poll(self, now: float) -> list[tuple[TopicPartitionKey, sm.Event]]:
         return []
@@ -152,3 +156,17 @@ def test_a_gap_that_persists_after_seeking_again_is_accepted() -> None:
     loop.iterate()
     assert committer.written == [2811, 2812, 2813]
     assert consumer.calls.count(("seek", 2810)) == 2
+
+
+def test_flowing_records_are_written_unnamed_and_records_under_isolation_named() -> None:
+    # A callback object per record only to name it in a failure report cost the hot
+    # path; a refusal nobody names is bisected, and bisected records are named.
+    consumer = ScriptedConsumer(batches=[batch(2810, 2812), batch(2813, 2815)])
+    loop, committer, partition = make_loop(consumer)
+    positioned(loop, partition, 2810)
+    loop.iterate()
+    assert committer.written == [2810, 2811, 2812]
+    assert committer.named == [2810]  # the first after positioning is checked on its own
+    partition.state = replace(partition.state, isolation=sm.Isolation(2816, 3, 100))
+    loop.iterate()
+    assert committer.named == [2810, 2813, 2814, 2815]
