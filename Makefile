@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 CHAOS_ARGS ?=
 
-.PHONY: install test unit integration lint kafka-up kafka-down demo bench bench-latency chaos image image-test bench-tools clean
+.PHONY: install test unit integration lint kafka-up kafka-down demo bench bench-latency bench-failover chaos image image-test bench-tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ bench: install
 # End-to-end latency at a fixed input rate, e.g. make bench-latency LATENCY_ARGS="--rate 28000"
 bench-latency: install
 	$(PY) -m bench.latency $(LATENCY_ARGS)
+
+# Fail-over: SIGKILL one of two replicas 10 s into a 10,000 rec/s feed, once per group protocol
+FAILOVER_ARGS ?= --rate 10000 --seconds 30 --replicas 2 --kill-after 10
+bench-failover: install
+	$(PY) -m bench.latency $(FAILOVER_ARGS) --group-protocol classic
+	$(PY) -m bench.latency $(FAILOVER_ARGS) --group-protocol consumer
 
 # txstage audit and txstage redrive rates, e.g. make bench-tools TOOLS_ARGS="--records 500000"
 bench-tools: install

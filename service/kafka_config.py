@@ -60,7 +60,7 @@ def _classic_session(settings: Settings) -> Config:
     librdkafka's 3 s. A dead member is noticed a session time-out after its last
     heartbeat, and the survivors learn of the rebalance at their next heartbeat: a
     3 s heartbeat under a 10 s session added up to 3 s to every fail-over."""
-    set_ms = settings.consumer.get("session.timeout.ms")
+    set_ms = settings.consumer.get("session.timeout.ms") or settings.kafka.get("session.timeout.ms")
     text = set_ms.get_secret_value().strip() if set_ms is not None else "45000"
     if not text.isdigit():
         return {}  # librdkafka refuses it, naming the property

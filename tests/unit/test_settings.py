@@ -45,6 +45,7 @@ def test_classic_members_heartbeat_a_tenth_of_their_session_at_most_every_3_s() 
 
     assert heartbeat() == 3_000  # the 45 s default session: librdkafka's own default
     assert heartbeat(TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS="10000") == 1_000
+    assert heartbeat(TXSTAGE_KAFKA__SESSION_TIMEOUT_MS="6000") == 600  # set for every client
     assert heartbeat(TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS="10000",
                      TXSTAGE_CONSUMER__HEARTBEAT_INTERVAL_MS="2500") == "2500"  # told
     assert heartbeat(TXSTAGE_GROUP_PROTOCOL="consumer") is None  # the broker's setting
