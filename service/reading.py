@@ -82,23 +82,49 @@ def offsets_for_time(config: Config, wanted: Iterable[Partition], ms: int
     return {k: (ends[k] if v < 0 else v) for k, v in found.items()}
 
 
-def committed(config: Config, group_id: str, wanted: Iterable[Partition]) -> dict[Partition, int]:
+def committed(config: Config, group_id: str, wanted: Iterable[Partition], *,
+              timeout_s: float = 60.0) -> dict[Partition, int]:
     """The group's committed offsets (stable ones: RequireStable waits out pending
-    transactional commits); -1001 where none."""
+    transactional commits); -1001 where none. A partition whose offsets an open
+    transaction holds is answered UNSTABLE_OFFSET_COMMIT: asked again (a running
+    exactly-once stage has one open most of the time) until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
     admin = AdminClient(dict(config))  # kept until the result is in: it dies with it
+    found: dict[Partition, int] = {}
+    pending = list(wanted)
+    while True:
+        unstable = []
+        for (topic, partition), (offset, error) in _committed(admin, group_id, pending).items():
+            if error is None:
+                found[(topic, partition)] = offset
+            elif error.code() == KafkaError.UNSTABLE_OFFSET_COMMIT and \
+                    time.monotonic() < deadline:
+                unstable.append((topic, partition))
+            else:
+                raise _denied(KafkaException(error), group_id)
+        if not unstable:
+            return found
+        pending = unstable
+        time.sleep(_UNSTABLE_RETRY_S)
+
+
+_UNSTABLE_RETRY_S = 0.1
+
+
+def _committed(admin: AdminClient, group_id: str, wanted: list[Partition]
+               ) -> dict[Partition, tuple[int, KafkaError | None]]:
     request = ConsumerGroupTopicPartitions(group_id, [TopicPartition(t, p) for t, p in wanted])
     future = admin.list_consumer_group_offsets([request], require_stable=True,
                                                request_timeout=30)[group_id]
     try:
         answer = future.result(60)
     except KafkaException as exc:
+        error = kafka_error(exc)
+        if error is not None and error.code() == KafkaError.UNSTABLE_OFFSET_COMMIT:
+            return {key: (-1, error) for key in wanted}
         raise _denied(exc, group_id) from exc
-    found: dict[Partition, int] = {}
-    for tp in answer.topic_partitions or []:
-        if tp.error is not None:
-            raise _denied(KafkaException(tp.error), group_id)
-        found[(tp.topic, tp.partition)] = tp.offset
-    return found
+    return {(tp.topic, tp.partition): (tp.offset, tp.error)
+            for tp in answer.topic_partitions or []}
 
 
 def read(config: Config, group_id: str, windows: Mapping[Partition, tuple[int, int]],
