@@ -525,6 +525,12 @@ def _init_failed(state: PartitionState, event: InitFailed, policy: Policy) -> St
     if isinstance(event.error, FencedError):  # a newer producer holds the id: wait and see
         return replace(state, phase=Phase.FENCED, fenced_at=event.now), [
             Fenced(None, False, str(event.error))]
+    if isinstance(event.error, RetriableError):
+        # Timed out past its deadline. A producer made while the only broker was
+        # frozen was seen to stay "all brokers down" for good (it never re-bootstraps,
+        # kafka_config.py): the failed one is closed, a fresh one bootstraps anew.
+        # The partition stays paused (and reported stalled) meanwhile.
+        return state, [StartInit(replacing=True)]
     return state, [Fail(event.error)]
 
 

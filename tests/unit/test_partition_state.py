@@ -433,6 +433,19 @@ def test_a_fence_on_init_waits_like_any_fence() -> None:
     assert state.phase is Phase.FENCED and kinds(actions) == ["Fenced"]
 
 
+def test_an_init_that_times_out_starts_a_fresh_producer_instead_of_failing() -> None:
+    # After a 17 s broker freeze, replacement producers stayed "all brokers down"
+    # past the 90 s deadline and the replica exited 1 (test_compound_faults).
+    state, _ = sm.assigned()
+    timed_out = RetriableError(Where("init_transactions", "tid", "in", 0),
+                               KafkaError(KafkaError._TIMED_OUT, "timed out"))
+    state, actions = step(state, sm.InitFailed(timed_out, 1.0))
+    assert state.phase is Phase.INITIALISING and actions == [sm.StartInit(replacing=True)]
+    state, actions = step(state, sm.InitFailed(KafkaOperationError(
+        Where("init_transactions"), KafkaError(KafkaError.INVALID_CONFIG, "bad")), 2.0))
+    assert kinds(actions) == ["Fail"]
+
+
 def test_at_least_once_delivery_failure_rewinds_and_dead_letters_the_named_record() -> None:
     state = active(0, 50)
     state, actions = step(state, sm.DeliveryFailed((refused_at(17),), 1.0), policy=AT_LEAST_ONCE)
