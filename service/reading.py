@@ -82,6 +82,9 @@ def offsets_for_time(config: Config, wanted: Iterable[Partition], ms: int
     return {k: (ends[k] if v < 0 else v) for k, v in found.items()}
 
 
+_UNSTABLE_RETRY_S = 0.1  # between asks while a transaction holds a partition's offsets
+
+
 def committed(config: Config, group_id: str, wanted: Iterable[Partition], *,
               timeout_s: float = 60.0) -> dict[Partition, int]:
     """The group's committed offsets (stable ones: RequireStable waits out pending
@@ -106,9 +109,6 @@ def committed(config: Config, group_id: str, wanted: Iterable[Partition], *,
             return found
         pending = unstable
         time.sleep(_UNSTABLE_RETRY_S)
-
-
-_UNSTABLE_RETRY_S = 0.1
 
 
 def _committed(admin: AdminClient, group_id: str, wanted: list[Partition]
