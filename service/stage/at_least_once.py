@@ -7,13 +7,16 @@ blamed on its own partition and record, never on whichever partitions happen to
 be due. Offsets advance only across sealed windows whose outputs were all
 delivered, and are committed asynchronously: the loop never waits for a flush.
 A failed window makes its partition rewind to the offset committed in Kafka;
-a refused output's record is dead-lettered, as in exactly-once mode. Each output's
-report names its input record; when the broker refuses a whole batch, every
-record it names is dead-lettered (there is no transaction to bisect with).
+a refused output's record is dead-lettered, as in exactly-once mode. A flowing
+partition's outputs are written unnamed; after a failure among them the records up
+to it are written again naming their records, so a refusal that repeats names its
+own. When the broker refuses a whole batch, every record it names is dead-lettered
+(there is no transaction to bisect with).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -40,28 +43,66 @@ CommitOffsets = Callable[[list[TopicPartition], bool], None]  # (offsets, asynch
 _FLUSH_ON_RELEASE_S = 10.0
 
 
-class Window:
-    """The outputs of a run of input records of one partition."""
+class _Reports:
+    """The failures among one window's delivery reports."""
 
-    __slots__ = ("dead", "failures", "first", "next", "pending", "sealed")
+    __slots__ = ("dead", "failures")
 
-    def __init__(self, first: int) -> None:
-        self.first = self.next = first
-        self.pending = 0       # outputs not yet reported
-        self.sealed = False    # no more records join it
+    def __init__(self) -> None:
         self.dead = False      # its partition rewound: late reports do not matter
         self.failures: list[Failure] = []
 
-    def report(self, offset: int, error: KafkaError | None, message: Message) -> None:
-        """on_delivery (bound to the input record's offset: delivery reports carry
-        no headers), on the thread that polls; never raises."""
-        self.pending -= 1
+    def named(self, offset: int, error: KafkaError | None, message: Message) -> None:
+        """on_delivery of a record written named (bound to its offset: delivery
+        reports carry no headers), on the thread that polls; never raises. With
+        ``delivery.report.only.error`` it runs for failures only."""
         if error is not None and not self.dead:
             self.failures.append(Failure(error.code(), error.name(), error.str(), offset))
 
+    def unnamed(self, error: KafkaError | None, message: Message) -> None:
+        """on_delivery of a record written unnamed (a flowing partition's)."""
+        if error is not None and not self.dead:
+            self.failures.append(Failure(error.code(), error.name(), error.str(), None))
+
+
+class Window:
+    """The outputs of a run of input records of one partition.
+
+    What is still in flight is counted without a Python call per delivered output.
+    confluent-kafka holds each queued output's callback until librdkafka serves its
+    report, then drops it, calling it only for a failure
+    (``delivery.report.only.error``). A flowing partition's outputs all share one
+    bound method (``unnamed``); a record written named gets a ``partial`` of the
+    other (``named``). So the two bound methods' reference counts above their idle
+    values say whether anything is in flight. A Python call per delivered output,
+    or a callback object per record, cost at-least-once more than the rest of its
+    bookkeeping (docs/benchmarks.md)."""
+
+    __slots__ = ("_idle", "_reports", "first", "named", "next", "sealed", "unnamed")
+
+    def __init__(self, first: int) -> None:
+        self.first = self.next = first
+        self.sealed = False    # no more records join it
+        self._reports = _Reports()
+        self.named = self._reports.named      # partial(named, offset) per record
+        self.unnamed = self._reports.unnamed  # the same object for every output
+        self._idle = sys.getrefcount(self.named) + sys.getrefcount(self.unnamed)
+
+    @property
+    def failures(self) -> list[Failure]:
+        return self._reports.failures
+
+    def kill(self) -> None:
+        self._reports.dead = True
+
+    @property
+    def in_flight(self) -> int:
+        """Outputs written unnamed plus records written named, not yet reported."""
+        return sys.getrefcount(self.named) + sys.getrefcount(self.unnamed) - self._idle
+
     @property
     def delivered(self) -> bool:
-        return self.sealed and self.pending == 0 and not self.failures
+        return self.sealed and not self._reports.failures and self.in_flight == 0
 
 
 class AtLeastOnce:
@@ -72,6 +113,7 @@ class AtLeastOnce:
         self._producer = Producer({
             **producer_config(settings, None), "logger": librdkafka_logger("producer"),
             "error_cb": error_cb("producer"),
+            "delivery.report.only.error": True,  # successes are counted by Window
         })
         self._windows: dict[TopicPartitionKey, deque[Window]] = {}
         self._open: dict[TopicPartitionKey, Window] = {}
@@ -96,7 +138,8 @@ class AtLeastOnce:
         if window is None:
             window = self._open[key] = Window(offset)
             self._windows.setdefault(key, deque()).append(window)
-        report = partial(window.report, offset)  # one per input record, not per output
+        # Named: one callback object per input record, not per output.
+        report = partial(window.named, offset) if name_record else window.unnamed
         producer = self._producer
         for out in outputs:
             try:  # the hot path: nothing built unless it fails
@@ -106,7 +149,6 @@ class AtLeastOnce:
                 produce(producer, out, on_delivery=report)
             except KafkaException as exc:
                 raise translate(exc, Where("produce", None, key[0], key[1], offset)) from exc
-            window.pending += 1
         window.next = offset + 1
 
     def commit(self, key: TopicPartitionKey, txn: Txn, group_metadata: GroupMetadata) -> Event:
@@ -123,7 +165,7 @@ class AtLeastOnce:
 
     def _forget(self, key: TopicPartitionKey) -> None:
         for window in self._windows.pop(key, ()):
-            window.dead = True
+            window.kill()
         self._open.pop(key, None)
         self._blamed.discard(key)
         self._deliverable.pop(key, None)
@@ -138,7 +180,8 @@ class AtLeastOnce:
             failed = [f for window in windows for f in window.failures]
             if failed and key not in self._blamed:
                 self._blamed.add(key)
-                events.append((key, DeliveryFailed(tuple(failed), now)))
+                through = max(w.next for w in windows if w.failures)
+                events.append((key, DeliveryFailed(tuple(failed), now, through)))
         if self._deliverable and now >= self._next_commit:
             self._next_commit = now + self._interval_s
             self._commit(False)

@@ -28,8 +28,10 @@ class Committer(Protocol):
               name_record: bool = True) -> None:
         """Queue one input record's outputs; raises KafkaOperationError.
         ``name_record``: a failed output's report must name ``offset``. A flowing
-        partition writes without (exactly-once: a refusal nobody names is found by
-        bisection, whose records are written named); at-least-once always names."""
+        partition writes without: a refusal nobody names is found by bisection in
+        exactly-once, and in at-least-once by writing the records up to the failed
+        ones again, named (state.DeliveryFailed). A callback object per record costs
+        more than the rest of a write."""
 
     def commit(self, key: TopicPartitionKey, txn: Txn,
                group_metadata: GroupMetadata) -> Job | Event:

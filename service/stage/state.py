@@ -127,6 +127,9 @@ class PartitionState:
     poison_offset: int | None = None        # the record the transform keeps failing on
     poison_attempts: int = 0
     isolation: Isolation | None = None
+    # At-least-once: an output written without naming its record failed; records
+    # below this offset are written naming theirs, so a refusal finds its record.
+    name_until: int | None = None
     refused: Mapping[int, str] = field(default_factory=dict)  # offset -> what the broker said
     suspects: Mapping[int, str] = field(default_factory=dict)  # named once; retried once
     failures: tuple[Failure, ...] = ()      # delivery failures of the transaction being aborted
@@ -157,7 +160,7 @@ class PartitionState:
         """Records are processed as they come, with nothing to check per record:
         the loop's fast path (evaluated once per state change, not per record)."""
         return self.phase is Phase.ACTIVE and not self.pauses and self.isolation is None \
-            and not self.refused
+            and not self.refused and self.name_until is None
 
     @property
     def ready(self) -> bool:
@@ -247,10 +250,12 @@ class ProduceFailed:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryFailed:
-    """At-least-once: outputs of this partition were not delivered."""
+    """At-least-once: outputs of this partition were not delivered. ``through``: the
+    end of the failed outputs' records (a failure written unnamed is below it)."""
 
     failures: tuple[Failure, ...]
     now: float
+    through: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -543,6 +548,8 @@ def _positioned(state: PartitionState, event: Positioned, policy: Policy) -> Ste
     if offset >= 0:  # what Kafka says is behind us is settled
         if isolation is not None and offset >= isolation.until:
             isolation = None
+        if state.name_until is not None and offset >= state.name_until:
+            state = replace(state, name_until=None)
         refused = {o: why for o, why in refused.items() if o >= offset}
         suspects = {o: why for o, why in state.suspects.items() if o >= offset}
     else:
@@ -579,11 +586,14 @@ def _commit_done(state: PartitionState, event: CommitDone, policy: Policy) -> St
         remaining = isolation.remaining - txn.records
         isolation = None if txn.next >= isolation.until or remaining <= 0 else \
             Isolation(isolation.until, remaining, max(1, math.ceil(remaining / 2)))
+    name_until = state.name_until
+    if name_until is not None and txn.next >= name_until:
+        name_until = None  # every record below it was written named
     poison = state.poison_offset
     # Refused offsets stay until Kafka's committed offset passes them (Positioned):
     # an at-least-once "commit" only seals a window, and a rewind may go back before it.
     committed = replace(
-        state, txn=None, abort_streak=0, isolation=isolation,
+        state, txn=None, abort_streak=0, isolation=isolation, name_until=name_until,
         poison_offset=None if poison is not None and txn.next > poison else poison,
         poison_attempts=0 if poison is not None and txn.next > poison else state.poison_attempts,
         pauses=state.pauses - {Pause.BACKLOG})
@@ -622,9 +632,15 @@ def _produce_failed(state: PartitionState, event: ProduceFailed, policy: Policy)
 def _delivery_failed(state: PartitionState, event: DeliveryFailed, policy: Policy) -> Step:
     if state.phase not in (Phase.ACTIVE, Phase.COMMITTING):
         return _ignored(state)
-    # Everything after the committed offset is redone; each report names its own
-    # record, so no transaction range is needed to find a refused one.
-    return _abort(replace(state, txn=None), None, event.failures)
+    # Everything after the committed offset is redone. A report of a record written
+    # named names it, so no transaction range is needed to find a refused one; a
+    # flowing partition writes unnamed (a callback object per record costs more than
+    # the rest of the bookkeeping), so after such a failure the records up to the
+    # failed ones are written again named: a refusal that repeats then names its own.
+    name_until = state.name_until
+    if event.through is not None and any(f.offset is None for f in event.failures):
+        name_until = max(name_until or 0, event.through)
+    return _abort(replace(state, txn=None, name_until=name_until), None, event.failures)
 
 
 def _fault(state: PartitionState, error: KafkaOperationError, failures: tuple[Failure, ...],

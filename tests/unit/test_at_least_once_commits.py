@@ -1,9 +1,12 @@
 """At-least-once offset commits: a failed asynchronous commit is sent again unless a
-newer offset was sent since or the partition is no longer ours. No broker: the
-producer is never used and the consumer's commit is a recorder."""
+newer offset was sent since or the partition is no longer ours; a window commits only
+once every output in it was reported delivered. No broker: the producer points at a
+closed port (its outputs are reported failed when they time out) and the consumer's
+commit is a recorder."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import cast
@@ -13,8 +16,10 @@ from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from service.metrics import Metrics
+from service.processing import Produced
 from service.settings import load_settings
 from service.stage.at_least_once import AtLeastOnce
+from service.stage.state import DeliveryFailed, Event
 
 KEY = ("in", 3)
 SETTINGS = {
@@ -24,6 +29,7 @@ SETTINGS = {
     "TXSTAGE_OUTPUT_TOPIC": "out",
     "TXSTAGE_TRANSFORM": "service.examples.square:square",
     "TXSTAGE_GUARANTEE": "at_least_once",
+    "TXSTAGE_PRODUCER__MESSAGE_TIMEOUT_MS": "300",
 }
 
 
@@ -104,3 +110,53 @@ def test_a_partition_given_up_is_not_committed_again(
     committer.offsets_committed(*failed(10))
     committer.poll(101.0)
     assert len(sent) == 1
+
+
+def reported(alo: AtLeastOnce) -> list[tuple[tuple[str, int], Event]]:
+    """Poll until the (unreachable) producer's outputs time out and are reported."""
+    events: list[tuple[tuple[str, int], Event]] = []
+    deadline = time.monotonic() + 10
+    while not events and time.monotonic() < deadline:
+        events = alo.poll(time.monotonic())
+        time.sleep(0.05)
+    return events
+
+
+def output(value: bytes) -> Produced:
+    return Produced("out", None, value, [])
+
+
+def test_a_window_waits_for_every_output_and_a_failed_one_names_its_record(
+        committer: AtLeastOnce, sent: list[list[TopicPartition]]) -> None:
+    """Successes are counted without a Python call each (delivery.report.only.error):
+    the window must still see outputs in flight, and failures must still name the
+    input record they came from."""
+    committer.write(KEY, 0, [output(b"a"), output(b"b")])
+    committer.write(KEY, 1, [])
+    committer.write(KEY, 2, [output(b"c")])
+    committer.commit(KEY, None, lambda: None)  # type: ignore[arg-type]
+    window = committer._windows[KEY][0]
+    assert window.in_flight == 2  # records 0 and 2; record 1 wrote nothing
+    assert committer.poll(100.0) == [] and sent == []  # in flight: nothing commits
+    (key, event), = reported(committer)
+    assert key == KEY and isinstance(event, DeliveryFailed)
+    assert sorted(f.offset for f in event.failures) == [0, 0, 2]
+    assert {f.name for f in event.failures} == {"_MSG_TIMED_OUT"}
+    assert window.in_flight == 0 and not window.delivered and sent == []
+
+
+def test_outputs_written_unnamed_are_counted_and_their_failure_says_how_far_to_name(
+        committer: AtLeastOnce, sent: list[list[TopicPartition]]) -> None:
+    """A flowing partition writes unnamed (one callback object for every output): the
+    window still waits for each output, and a failure tells the state machine the end
+    of the window, up to which the records are written again named."""
+    for offset in range(5, 8):
+        committer.write(KEY, offset, [output(b"a"), output(b"b")], name_record=False)
+    committer.commit(KEY, None, lambda: None)  # type: ignore[arg-type]
+    window = committer._windows[KEY][0]
+    assert window.in_flight == 6  # outputs, not records: all share one callback
+    assert committer.poll(100.0) == [] and sent == []
+    (key, event), = reported(committer)
+    assert key == KEY and isinstance(event, DeliveryFailed) and event.through == 8
+    assert [f.offset for f in event.failures] == [None] * 6
+    assert window.in_flight == 0 and sent == []

@@ -459,6 +459,35 @@ def test_at_least_once_delivery_failure_rewinds_and_dead_letters_the_named_recor
     assert set(state.refused) == {17}
 
 
+def test_at_least_once_unnamed_refusal_writes_its_records_again_named_then_dead_letters() -> None:
+    """A flowing partition writes unnamed: the refusal names no record, so the records
+    up to the failed window's end are written again named (not flowing) until a
+    window passes it; then the repeat names the record and it is dead-lettered."""
+    state = active(0, 50)
+    assert state.flowing
+    state, _ = step(state, sm.DeliveryFailed((refused_at(None),), 1.0, through=50),
+                    sm.AbortDone((), 1.0), policy=AT_LEAST_ONCE)
+    assert state.name_until == 50 and not state.refused and not state.suspects
+    assert state.abort_streak == 0, "a refusal is not a streak"
+    state, _ = step(state, sm.Positioned(0, 1.1), policy=AT_LEAST_ONCE)
+    assert state.name_until == 50 and not state.flowing
+    state, _ = step(state, sm.Wrote(0, 50, 50, 1.1), sm.DeliveryFailed((refused_at(17),), 2.0),
+                    sm.AbortDone((), 2.0), sm.Positioned(0, 2.1), sm.Wrote(0, 50, 50, 2.1),
+                    sm.DeliveryFailed((refused_at(17),), 3.0), sm.AbortDone((), 3.0),
+                    policy=AT_LEAST_ONCE)
+    assert set(state.refused) == {17}
+    state, _ = step(state, sm.Positioned(0, 3.1), sm.Wrote(0, 60, 60, 3.1), sm.CommitDue(3.2),
+                    sm.CommitDone(-1.0, 3.2), policy=AT_LEAST_ONCE)
+    assert state.name_until is None, "a window past it was written named"
+
+
+def test_at_least_once_named_until_is_settled_by_the_committed_offset() -> None:
+    state, _ = step(active(0, 50), sm.DeliveryFailed((refused_at(None),), 1.0, through=50),
+                    sm.AbortDone((), 1.0), policy=AT_LEAST_ONCE)
+    state, _ = step(state, sm.Positioned(50, 1.1), policy=AT_LEAST_ONCE)
+    assert state.name_until is None and state.flowing
+
+
 def test_an_unknown_output_topic_holds_the_partition_until_it_is_looked_up() -> None:
     state, actions = step(active(0, 2), sm.TopicUnknown("elsewhere"))
     assert state.holding and actions == [sm.PausePartition(), sm.LookupTopic("elsewhere")]
