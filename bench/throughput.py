@@ -723,15 +723,16 @@ def _kb_to_mb(value: object) -> float | None:
 
 PROFILERS = {
     # deterministic: every call counted, but Python-heavy code runs ~2.5x slower
-    "cprofile": ("-m", "cProfile", "-o"),
+    "cprofile",
     # sampling (wall clock, main thread): close to the real speed; pip install pyinstrument
-    "pyinstrument": ("-m", "pyinstrument", "-r", "pstats", "-o"),
+    "pyinstrument",
 }
-# What the loop thread calls, broken down two levels below Stage.iterate.
-_TREE = (("service/stage.py", "iterate"), ("service/stage.py", "_process"),
-         ("service/task.py", "write"), ("service/producer.py", "produce"),
+# What the loop thread calls, broken down two levels below Loop.iterate.
+_TREE = (("service/stage/loop.py", "iterate"), ("service/stage/loop.py", "process"),
          ("service/processing.py", "process"), ("service/processing.py", "_resolve"),
-         ("service/stage.py", "_commit_due"), ("service/pool.py", "commit"))
+         ("service/stage/loop.py", "_written"), ("service/stage/exactly_once.py", "write"),
+         ("service/stage/at_least_once.py", "write"), ("service/producer.py", "produce_all"),
+         ("service/stage/at_least_once.py", "poll"), ("service/stage/loop.py", "tick"))
 
 FuncKey = tuple[str, int, str]
 StatsTable = Mapping[FuncKey, tuple[int, int, float, float, dict[FuncKey, tuple[float, ...]]]]
@@ -741,7 +742,7 @@ def run_profile(w: Workload, path: Path, profiler: str, top: int,
                 say: Callable[[str], None], mode: str = "exactly_once") -> int:
     """One replica (``mode``) under a profiler over the workload; print the summary."""
     path.unlink(missing_ok=True)
-    argv = (*PROFILERS[profiler], str(path), "-m", "service", "run")
+    argv = ("-m", "bench.profiled", profiler, str(path))
     r = measure(w, mode, argv=argv, tag=f"-{profiler}")
     say(f"profiled {mode}: {r.records_per_s:,.0f} rec/s under {profiler}, {_verdict(r)}")
     if not path.exists():
@@ -757,7 +758,7 @@ def print_profile(path: Path, top: int) -> None:
     table: StatsTable = stats.stats  # type: ignore[attr-defined]
     root = _find(table, *_TREE[0])
     total = table[root][3] if root else 0.0
-    print(f"\nloop thread: {total:.2f} s in Stage.iterate; inclusive time per call edge")
+    print(f"\nloop thread: {total:.2f} s in Loop.iterate; inclusive time per call edge")
     for file, name in _TREE:
         parent = _find(table, file, name)
         if parent is None:
