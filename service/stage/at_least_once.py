@@ -44,7 +44,8 @@ _FLUSH_ON_RELEASE_S = 10.0
 
 
 class _Reports:
-    """The failures among one window's delivery reports."""
+    """The failures among one window's delivery reports. (Apart from the window: the
+    callbacks bound to it must not hold the window, or each would be a cycle.)"""
 
     __slots__ = ("dead", "failures")
 
@@ -52,17 +53,12 @@ class _Reports:
         self.dead = False      # its partition rewound: late reports do not matter
         self.failures: list[Failure] = []
 
-    def named(self, offset: int, error: KafkaError | None, message: Message) -> None:
-        """on_delivery of a record written named (bound to its offset: delivery
-        reports carry no headers), on the thread that polls; never raises. With
-        ``delivery.report.only.error`` it runs for failures only."""
+    def report(self, offset: int | None, error: KafkaError | None, message: Message) -> None:
+        """on_delivery, bound to the input record's offset (delivery reports carry no
+        headers) or to None (written unnamed), on the thread that polls; never
+        raises. With ``delivery.report.only.error`` it runs for failures only."""
         if error is not None and not self.dead:
             self.failures.append(Failure(error.code(), error.name(), error.str(), offset))
-
-    def unnamed(self, error: KafkaError | None, message: Message) -> None:
-        """on_delivery of a record written unnamed (a flowing partition's)."""
-        if error is not None and not self.dead:
-            self.failures.append(Failure(error.code(), error.name(), error.str(), None))
 
 
 class Window:
@@ -72,20 +68,20 @@ class Window:
     confluent-kafka holds each queued output's callback until librdkafka serves its
     report, then drops it, calling it only for a failure
     (``delivery.report.only.error``). A flowing partition's outputs all share one
-    bound method (``unnamed``); a record written named gets a ``partial`` of the
-    other (``named``). So the two bound methods' reference counts above their idle
-    values say whether anything is in flight. A Python call per delivered output,
+    callback (``unnamed``); a record written named gets a ``partial`` of ``named``.
+    So the two callbacks' reference counts above their idle values say whether
+    anything is in flight. A Python call per delivered output,
     or a callback object per record, cost at-least-once more than the rest of its
     bookkeeping (docs/benchmarks.md)."""
 
-    __slots__ = ("_idle", "_reports", "first", "named", "next", "sealed", "unnamed")
+    __slots__ = ("_idle", "_reports", "named", "next", "sealed", "unnamed")
 
     def __init__(self, first: int) -> None:
-        self.first = self.next = first
+        self.next = first
         self.sealed = False    # no more records join it
         self._reports = _Reports()
-        self.named = self._reports.named      # partial(named, offset) per record
-        self.unnamed = self._reports.unnamed  # the same object for every output
+        self.named = self._reports.report         # partial(named, offset) per record
+        self.unnamed = partial(self.named, None)  # the same object for every output
         self._idle = sys.getrefcount(self.named) + sys.getrefcount(self.unnamed)
 
     @property

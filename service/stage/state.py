@@ -544,12 +544,12 @@ def _positioned(state: PartitionState, event: Positioned, policy: Policy) -> Ste
     if state.phase is not Phase.POSITIONING:
         return _ignored(state)
     offset = event.offset
-    isolation, refused = state.isolation, state.refused
+    isolation, refused, name_until = state.isolation, state.refused, state.name_until
     if offset >= 0:  # what Kafka says is behind us is settled
         if isolation is not None and offset >= isolation.until:
             isolation = None
-        if state.name_until is not None and offset >= state.name_until:
-            state = replace(state, name_until=None)
+        if name_until is not None and offset >= name_until:
+            name_until = None
         refused = {o: why for o, why in refused.items() if o >= offset}
         suspects = {o: why for o, why in state.suspects.items() if o >= offset}
     else:
@@ -558,8 +558,8 @@ def _positioned(state: PartitionState, event: Positioned, policy: Policy) -> Ste
     if state.resume_at is not None and event.now < state.resume_at:
         pauses = pauses | {Pause.BACKOFF}
     return replace(state, phase=Phase.ACTIVE, txn=None, isolation=isolation, refused=refused,
-                   suspects=suspects, pauses=pauses, failures=(), abort_error=None), [
-        Seek(offset)]
+                   name_until=name_until, suspects=suspects, pauses=pauses, failures=(),
+                   abort_error=None), [Seek(offset)]
 
 
 @_on(PositionFailed)
