@@ -56,6 +56,38 @@ def test_at_least_once_refused_delivery_is_dead_lettered_on_its_own_partition(
     assert replica.terminate() == 0
 
 
+def test_at_least_once_refusals_are_dead_lettered_while_the_group_rebalances(
+        stage: StageSetup, new_topic: Callable[..., str]) -> None:
+    # Two faults at once: refused outputs (offsets 42, 142, 242 of partitions 1 and 5;
+    # 3 ms a record) and a second replica joining, then leaving, while they are found.
+    # A flowing partition writes its outputs unnamed, so its first refusal names no
+    # record; the records up to it are then written again, named (name_until). That
+    # state is the owner's: a partition that moves mid-way starts unnamed again on its
+    # new owner, which must still find and dead-letter the record, losing nothing.
+    compacted = compacted_topic(new_topic)
+    settings = {**AT_LEAST_ONCE, "TEST_DELAY_MS": "3", "TEST_COMPACTED_TOPIC": compacted,
+                "TXSTAGE_TRANSFORM": "tests.integration.transforms:refused_on_some_partitions"}
+    replicas = [stage.replica("a", **settings)]
+    wait_for(replicas[0].ready, 30, "the first replica to be ready", stage.logs)
+    with SteadyFeed(stage.bootstrap, stage.input_topic, 2_400, 8) as feed:
+        time.sleep(1)
+        replicas.append(stage.replica("b", **settings))
+        wait_for(lambda: spread_over(stage, replicas), 45, "two replicas, each with partitions",
+                 stage.logs)
+        time.sleep(1)
+        assert replicas[1].terminate() == 0, stage.logs()
+        assert_alive(stage, replicas[:1])
+        feed.wait()
+    settle(stage, replicas[:1], 90)
+    assert_nothing_lost(stage.verify(square_unless_refused_on_some_partitions))
+    letters = read_committed(stage.bootstrap, stage.dlq_topic)
+    assert {(int(letter.header(ERROR_PARTITION) or b"-1"),
+             int(letter.header(ERROR_OFFSET) or b"-1")) for letter in letters} \
+        == {(p, o) for p in (1, 5) for o in (42, 142, 242)}
+    assert {letter.header(ERROR_CLASS) for letter in letters} == {b"OutputRefusedError"}
+    assert replicas[0].terminate() == 0
+
+
 def test_at_least_once_replicas_survive_scaling_from_1_to_6_to_3(stage: StageSetup) -> None:
     # While the group rebalances, the old stage's synchronous offset commit raised
     # ILLEGAL_GENERATION / REBALANCE_IN_PROGRESS, classified fatal: replicas exited 1.
