@@ -19,13 +19,13 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import cast
 
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
 from service import lineage
 from service.kafka_config import consumer_config, producer_config
-from service.records import Record, Transform
+from service.messages import to_record
+from service.records import Transform
 from service.settings import Settings, load_settings
 from service.transform import load_transform
 
@@ -80,9 +80,8 @@ def process(messages: list[Message], transform: Transform, producer: Producer,
     for msg in messages:
         if msg.error() is not None:
             continue
-        topic, partition, offset = cast(str, msg.topic()), cast(int, msg.partition()), \
-            cast(int, msg.offset())
-        record = Record(topic, partition, offset, msg.timestamp()[1], msg.key(), msg.value())
+        record = to_record(msg)  # as the stage makes it: the same cost in both
+        topic, partition, offset = record.topic, record.partition, record.offset
         src = lineage.source_of(topic, partition, offset)
         for index, out in enumerate(transform(record)):
             headers = lineage.stamp(out.headers, src, index)

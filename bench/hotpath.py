@@ -25,6 +25,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import cast
 
 from confluent_kafka import Consumer, Message, Producer
 from prometheus_client import CollectorRegistry
@@ -32,7 +33,7 @@ from prometheus_client import CollectorRegistry
 from bench.bare import process as bare_process
 from bench.transforms import identity
 from service import interpreter
-from service.admin import OutputLimits
+from service.admin import Cluster, OutputLimits
 from service.health import Health
 from service.metrics import Metrics
 from service.producer import PinnedProducer
@@ -70,9 +71,8 @@ def _batches(records: int) -> list[list[Message]]:
 
 class _Limits(OutputLimits):
     def __init__(self) -> None:
-        self._known = {"out": 1_000_000}
-        self._unknown = {}
-        self._blocking = False
+        super().__init__(cast(Cluster, None), 1_000_000, blocking=False)
+        self._known["out"] = 1_000_000
 
 
 def _loop(guarantee: str) -> Loop:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from confluent_kafka import (
     Consumer,
@@ -272,6 +272,19 @@ class Cluster:
         return {name: entry.value for name, entry in entries.items()}
 
 
+class _Known(dict[str, int]):
+    """Limits looked up so far; a topic missing from it is asked for (``missing``)."""
+
+    __slots__ = ("missing",)
+
+    def __init__(self, missing: Callable[[str], int]) -> None:
+        super().__init__()
+        self.missing = missing
+
+    def __missing__(self, topic: str) -> int:
+        return self.missing(topic)
+
+
 class OutputLimits:
     """``topic -> max bytes`` for an output: the smaller of the producer's
     ``message.max.bytes`` and the topic's ``max.message.bytes``. A topic that does
@@ -290,13 +303,16 @@ class OutputLimits:
         self._blocking = blocking
         self._unknown_ttl_s = unknown_ttl_s
         self._deadline_s = deadline_s
-        self._known: dict[str, int] = {}  # hot path: one dict lookup per output
+        self._known = _Known(self._missing)
         self._unknown: dict[str, float] = {}  # topic -> monotonic time the answer expires
+        # The hot path's ``max_bytes`` (one call per output): a dict's own lookup, in C;
+        # only a topic not known yet reaches Python (``_missing``).
+        self.lookup: Callable[[str], int] = self._known.__getitem__
 
     def __call__(self, topic: str) -> int:
-        limit = self._known.get(topic)
-        if limit is not None:
-            return limit
+        return self._known[topic]
+
+    def _missing(self, topic: str) -> int:
         expires = self._unknown.get(topic)
         if expires is not None and time.monotonic() < expires:
             raise UnknownTopicError(f"topic {topic!r} does not exist")

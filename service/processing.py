@@ -91,9 +91,12 @@ def process(
         if not dlq_topic:
             raise PoisonRecordError(record.topic, record.partition, record.offset, exc) from exc
         return _dead_letter(record, exc, dlq_topic)
-    return Result(outputs)
+    return _new(Result, (outputs, None))
 
 
+# ``Produced(...)`` and ``Result(...)`` on the hot path: a NamedTuple's ``__new__`` is
+# a Python function (for its defaults); the tuple's own is not (docs/benchmarks.md).
+_new = tuple.__new__
 _LINEAGE_BYTES = FRAMING_BYTES + len(lineage.SRC) + len(lineage.IDX)
 _INDEX = [str(i).encode() for i in range(16)]
 
@@ -135,7 +138,7 @@ def _resolve(
                 f"output {index} for topic {topic!r} is about {size} bytes; "
                 f"the limit is {limit} bytes"
             )
-        resolved.append(Produced(topic, key, value, headers))
+        resolved.append(_new(Produced, (topic, key, value, headers)))
     return resolved
 
 

@@ -148,7 +148,7 @@ class Loop:
         ``_one``, which checks the state record by record; so do held records
         replayed with what the transform already yielded for them (``saved``)."""
         partitions = self.partitions
-        transform, limits = self.transform, self.limits
+        transform, max_bytes = self.transform, self.limits.lookup
         default_topic, dlq_topic = self.settings.output_topic, self.settings.dlq_topic or None
         observe, clock = self._transform_seconds, time.perf_counter
         produced = self._produced
@@ -171,7 +171,7 @@ class Loop:
             started = clock()
             try:
                 result = process(transform, record, default_topic=default_topic,
-                                 dlq_topic=dlq_topic, max_bytes=limits)
+                                 dlq_topic=dlq_topic, max_bytes=max_bytes)
             except (PoisonRecordError, TopicLimitPending) as exc:
                 self._not_processed(partition, msg, exc, now)
                 continue
@@ -222,7 +222,8 @@ class Loop:
                 result = refused(record, OutputRefusedError(refusal), settings.dlq_topic or None)
             else:
                 result = process(transform, record, default_topic=settings.output_topic,
-                                 dlq_topic=settings.dlq_topic or None, max_bytes=self.limits)
+                                 dlq_topic=settings.dlq_topic or None,
+                                 max_bytes=self.limits.lookup)
         except (PoisonRecordError, TopicLimitPending) as exc:
             self._not_processed(partition, msg, exc, now)
             return False

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -91,7 +92,7 @@ def make_loop(consumer: ScriptedConsumer) -> tuple[Loop, RecordingCommitter, Par
                               "TXSTAGE_INPUT_TOPICS": TOPIC, "TXSTAGE_OUTPUT_TOPIC": "out",
                               "TXSTAGE_TRANSFORM": "service.examples.square:square"})
     committer = RecordingCommitter()
-    limits = cast(OutputLimits, lambda topic: 1_000_000)
+    limits = cast(OutputLimits, SimpleNamespace(lookup=lambda topic: 1_000_000))
     loop = Loop(settings, square, Metrics(CollectorRegistry()), Health(), limits,
                 cast("object", consumer), cast(Committer, committer), POLICY)  # type: ignore[arg-type]
     partition = Partition(TOPIC, 0)

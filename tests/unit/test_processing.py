@@ -134,3 +134,39 @@ def test_a_failure_after_a_pending_lookup_is_still_the_records() -> None:
 
     result = run(fails_late, limit=pending)
     assert result.dead_lettered and "late" in str(result.error)
+
+
+class _Topics:
+    """A cluster whose topic ``out`` allows 2,000 bytes and ``gone`` does not exist."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def topic_config(self, topic: str) -> dict[str, str]:
+        from service.admin import UnknownTopicError
+
+        self.asked.append(topic)
+        if topic == "gone":
+            raise UnknownTopicError(f"topic {topic!r} does not exist")
+        return {"max.message.bytes": "2000"}
+
+
+def test_output_limits_ask_once_per_topic_and_remember_an_unknown_one() -> None:
+    from typing import cast
+
+    from service.admin import Cluster, OutputLimits, UnknownTopicError
+    from service.errors import TopicLimitPending
+
+    cluster = _Topics()
+    limits = OutputLimits(cast(Cluster, cluster), 1_000_000)  # blocking: asks at once
+    assert limits.lookup("out") == limits("out") == 2000
+    for _ in range(3):
+        with pytest.raises(UnknownTopicError):
+            limits.lookup("gone")
+    assert cluster.asked == ["out", "gone"], "an answer, known or unknown, is kept"
+
+    stage = OutputLimits(cast(Cluster, cluster), 1_000, blocking=False)
+    with pytest.raises(TopicLimitPending):
+        stage.lookup("out")
+    stage.resolve("out")  # beside the loop
+    assert stage.lookup("out") == 1_000  # the producer's own limit is the smaller
