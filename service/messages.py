@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from confluent_kafka import Message
 
-from service.records import Record, new_record
+from service.records import Record
 
 
 def to_record(msg: Message) -> Record:
@@ -15,5 +15,5 @@ def to_record(msg: Message) -> Record:
     """
     raw: list[tuple[str, bytes | None]] | None = msg.headers()  # type: ignore[assignment]
     headers = tuple((name, value or b"") for name, value in raw) if raw else ()
-    return new_record(msg.topic(), msg.partition(), msg.offset(),  # type: ignore[arg-type]
-                      msg.timestamp()[1], msg.key(), msg.value(), headers)
+    return Record(msg.topic(), msg.partition(), msg.offset(),  # type: ignore[arg-type]
+                  msg.timestamp()[1], msg.key(), msg.value(), headers)

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from service.processing import Produced
-from service.records import Record, new_record
+from service.records import Record
 
 HEADER = pa.struct([("key", pa.string()), ("value", pa.binary())])
 
@@ -53,7 +53,7 @@ def sliced_records(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, Rec
         for piece, topic, partition, offset, timestamp, key, value, headers in zip(
                 *columns, strict=True):
             pairs = tuple((h["key"], h["value"] or b"") for h in headers) if headers else ()
-            yield piece, new_record(topic, partition, offset, timestamp, key, value, pairs)
+            yield piece, Record(topic, partition, offset, timestamp, key, value, pairs)
 
 
 def output_row(out: Produced, record: Record, idx: int) -> dict[str, Any]:
