@@ -70,6 +70,11 @@ def size_of(key: bytes | None, value: bytes | None, headers: list[tuple[str, byt
             + sum(len(name) + len(data) for name, data in headers))
 
 
+# ``Produced(...)`` and ``Result(...)`` on the hot path: a NamedTuple's ``__new__`` is
+# a Python function (for its defaults); the tuple's own is not (docs/benchmarks.md).
+_new = tuple.__new__
+
+
 def process(
     transform: Transform,
     record: Record,
@@ -94,9 +99,6 @@ def process(
     return _new(Result, (outputs, None))
 
 
-# ``Produced(...)`` and ``Result(...)`` on the hot path: a NamedTuple's ``__new__`` is
-# a Python function (for its defaults); the tuple's own is not (docs/benchmarks.md).
-_new = tuple.__new__
 _LINEAGE_BYTES = FRAMING_BYTES + len(lineage.SRC) + len(lineage.IDX)
 _INDEX = [str(i).encode() for i in range(16)]
 

@@ -102,7 +102,7 @@ def _max_bytes(spec: Processing) -> Callable[[str], int]:
     key = spec.settings.bootstrap_servers
     if key not in _limits:
         _limits[key] = OutputLimits(Cluster(admin_config(spec.settings)), spec.max_bytes)
-    return _limits[key]
+    return _limits[key].lookup  # per output, as the stage's: the dict's own lookup
 
 
 def processor(spec: Processing) -> Process:
