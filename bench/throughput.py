@@ -730,8 +730,8 @@ PROFILERS = {
 # What the loop thread calls, broken down two levels below Loop.iterate.
 _TREE = (("service/stage/loop.py", "iterate"), ("service/stage/loop.py", "process"),
          ("service/processing.py", "process"), ("service/processing.py", "_resolve"),
-         ("service/stage/loop.py", "_written"), ("service/stage/exactly_once.py", "write"),
-         ("service/stage/at_least_once.py", "write"), ("service/producer.py", "produce_all"),
+         ("service/stage/loop.py", "_write_run"), ("service/stage/exactly_once.py", "write_run"),
+         ("service/stage/at_least_once.py", "write_run"), ("service/producer.py", "produce_run"),
          ("service/stage/at_least_once.py", "poll"), ("service/stage/loop.py", "tick"))
 
 FuncKey = tuple[str, int, str]

@@ -34,6 +34,11 @@ class Produced(NamedTuple):
     headers: list[tuple[str, bytes]]
 
 
+# An input record and the outputs to write for it: a flowing partition's records are
+# written a run at a time (Committer.write_run), one call per partition per fetch.
+Processed = tuple[Record, list[Produced]]
+
+
 class Result(NamedTuple):
     """What to write for one input; ``error`` is set when it was dead-lettered."""
 

@@ -30,7 +30,7 @@ from service.errors import Where, translate
 from service.kafka_config import producer_config
 from service.logs import error_cb, librdkafka_logger
 from service.metrics import Metrics
-from service.processing import Produced
+from service.processing import Processed, Produced
 from service.producer import produce
 from service.settings import Settings
 from service.stage.committer import GroupMetadata, Job
@@ -128,17 +128,12 @@ class AtLeastOnce:
         self._sent.pop(key, None)
         return lambda: InitDone(time.monotonic())
 
-    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced], *,
-              name_record: bool = True) -> None:
-        window = self._open.get(key)
-        if window is None:
-            window = self._open[key] = Window(offset)
-            self._windows.setdefault(key, deque()).append(window)
-        # Named: one callback object per input record, not per output.
-        report = partial(window.named, offset) if name_record else window.unnamed
+    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
+        window = self._window(key, offset)
+        report = partial(window.named, offset)  # one callback object per record, not per output
         producer = self._producer
         for out in outputs:
-            try:  # the hot path: nothing built unless it fails
+            try:
                 producer.produce(out.topic, out.value, out.key, headers=out.headers,  # type: ignore[arg-type]
                                  on_delivery=report)
             except BufferError:
@@ -146,6 +141,33 @@ class AtLeastOnce:
             except KafkaException as exc:
                 raise translate(exc, Where("produce", None, key[0], key[1], offset)) from exc
         window.next = offset + 1
+
+    def write_run(self, key: TopicPartitionKey, run: list[Processed]) -> None:
+        window = self._window(key, run[0][0].offset)
+        report = window.unnamed  # the same object for every output of the window
+        producer = self._producer
+        send = producer.produce
+        for record, outputs in run:
+            for out in outputs:
+                try:  # the hot path: nothing built unless it fails
+                    send(out.topic, out.value, out.key, headers=out.headers,  # type: ignore[arg-type]
+                         on_delivery=report)
+                except BufferError:
+                    produce(producer, out, on_delivery=report)
+                except KafkaException as exc:
+                    written = _index(run, record)  # the records before it were
+                    if written:
+                        window.next = run[written - 1][0].offset + 1
+                    raise translate(exc, Where("produce", None, key[0], key[1],
+                                               record.offset)) from exc
+        window.next = run[-1][0].offset + 1
+
+    def _window(self, key: TopicPartitionKey, first: int) -> Window:
+        window = self._open.get(key)
+        if window is None:
+            window = self._open[key] = Window(first)
+            self._windows.setdefault(key, deque()).append(window)
+        return window
 
     def commit(self, key: TopicPartitionKey, txn: Txn, group_metadata: GroupMetadata) -> Event:
         window = self._open.pop(key, None)
@@ -239,3 +261,8 @@ class AtLeastOnce:
 
     def shutdown(self, timeout_s: float) -> None:
         self._producer.flush(max(timeout_s, 0.0))
+
+
+def _index(run: list[Processed], record: object) -> int:
+    """Where ``record`` is in ``run``."""
+    return next(i for i, (r, _) in enumerate(run) if r is record)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from service.processing import Produced
+from service.processing import Processed, Produced
 from service.stage.partition import TopicPartitionKey
 from service.stage.state import Event, Txn
 
@@ -24,14 +24,18 @@ class Committer(Protocol):
         """Make the partition's producer ready (exactly-once: init_transactions);
         ``replacing`` one given up after trouble (see state.StartInit)."""
 
-    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced], *,
-              name_record: bool = True) -> None:
-        """Queue one input record's outputs; raises KafkaOperationError.
-        ``name_record``: a failed output's report must name ``offset``. A flowing
-        partition writes without: a refusal nobody names is found by bisection in
+    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
+        """Queue one input record's outputs; raises KafkaOperationError. A failed
+        output's report names ``offset``: a record whose partition is not flowing
+        (isolating, replaying held records) is written one at a time, named."""
+
+    def write_run(self, key: TopicPartitionKey, run: list[Processed]) -> None:
+        """Queue a flowing partition's run of records (in offset order, from one
+        fetch), naming none: a refusal nobody names is found by bisection in
         exactly-once, and in at-least-once by writing the records up to the failed
         ones again, named (state.DeliveryFailed). A callback object per record costs
-        more than the rest of a write."""
+        more than the rest of a write. Raises KafkaOperationError naming the record
+        that failed (``where.offset``); the records before it are written."""
 
     def commit(self, key: TopicPartitionKey, txn: Txn,
                group_metadata: GroupMetadata) -> Job | Event:

@@ -17,7 +17,7 @@ from service.errors import FencedError, KafkaOperationError, RetriableError
 from service.kafka_config import producer_config
 from service.logs import error_cb, librdkafka_logger
 from service.metrics import Metrics
-from service.processing import Produced
+from service.processing import Processed, Produced
 from service.producer import PinnedProducer
 from service.settings import Settings
 from service.stage.committer import GroupMetadata, Job
@@ -93,13 +93,18 @@ class ExactlyOnce:
             return InitDone(time.monotonic())
         return job
 
-    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced], *,
-              name_record: bool = True) -> None:
+    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
         producer = self._producers[key]
         if not producer.in_transaction:
             producer.begin()
         if outputs:
-            producer.produce_all(outputs, offset, name_record=name_record)
+            producer.produce_all(outputs, offset)
+
+    def write_run(self, key: TopicPartitionKey, run: list[Processed]) -> None:
+        producer = self._producers[key]
+        if not producer.in_transaction:
+            producer.begin()
+        producer.produce_run(run)
 
     def commit(self, key: TopicPartitionKey, txn: Txn, group_metadata: GroupMetadata) -> Job:
         producer = self._producers[key]

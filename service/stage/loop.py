@@ -44,7 +44,7 @@ from service.errors import (
 from service.health import Health
 from service.messages import to_record
 from service.metrics import Metrics
-from service.processing import OutputRefusedError, Result, process, refused
+from service.processing import OutputRefusedError, Processed, Result, process, refused
 from service.records import Output, Record, Transform
 from service.settings import Settings
 from service.stage import state as sm
@@ -141,31 +141,43 @@ class Loop:
                 saved: dict[int, list[Output]] | None = None) -> None:
         """Process a batch, in offset order per partition.
 
-        The hot path, one pass per record: a *flowing* partition (ACTIVE, no pause,
-        nothing isolated or refused: ``PartitionState.flowing``, kept on the
-        partition as its state changes) runs the record straight through
-        ``processing.process`` into the committer. Anything else goes through
-        ``_one``, which checks the state record by record; so do held records
-        replayed with what the transform already yielded for them (``saved``)."""
+        The hot path: a *flowing* partition (ACTIVE, no pause, nothing isolated or
+        refused: ``PartitionState.flowing``, kept on the partition as its state
+        changes) runs each record straight through ``processing.process``, and the
+        records a fetch brought it in a row are written as one run
+        (``Committer.write_run``), its bookkeeping done once. Anything that could
+        change a partition's state ends the run first (writes it). A partition that
+        is not flowing goes through ``_one``, which checks the state record by
+        record; so do held records replayed with what the transform already yielded
+        for them (``saved``)."""
         partitions = self.partitions
         transform, max_bytes = self.transform, self.limits.lookup
         default_topic, dlq_topic = self.settings.output_topic, self.settings.dlq_topic or None
         observe, clock = self._transform_seconds, time.perf_counter
         produced = self._produced
         consumed = 0
+        owner: Partition | None = None  # the flowing partition whose run this is
+        run: list[Processed] = []
+        position = 0                    # the owner's next offset, as of the run
         for msg in messages:
             error = msg.error()
             if error is not None:
+                consumed += self._write_run(owner, run, now)
+                owner = None
                 self._consume_error(error, msg.topic(), msg.partition())
                 continue
             partition = partitions.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
             if partition is None:
                 continue
-            if not partition.flowing or saved:
-                consumed += self._one(partition, msg, now, saved)
-                continue
+            if partition is not owner:
+                consumed += self._write_run(owner, run, now)
+                owner = None
+                if not partition.flowing or saved:
+                    consumed += self._one(partition, msg, now, saved)
+                    continue
+                owner, position = partition, partition.position
             offset: int = msg.offset()  # type: ignore[assignment]
-            if offset < partition.position:
+            if offset < position:
                 continue  # a stale fetch from before a seek
             record = to_record(msg)
             started = clock()
@@ -173,17 +185,56 @@ class Loop:
                 result = process(transform, record, default_topic=default_topic,
                                  dlq_topic=dlq_topic, max_bytes=max_bytes)
             except (PoisonRecordError, TopicLimitPending) as exc:
+                consumed += self._write_run(owner, run, now)
+                owner = None
                 self._not_processed(partition, msg, exc, now)
                 continue
             observe(clock() - started)
-            consumed += self._written(partition, record, result, now, name_record=False)
+            outputs, failure = result
+            if failure is not None:
+                self._dead_lettered(partition, record, failure)
+            run.append((record, outputs))
+            position = offset + 1
+            for out in outputs:
+                produced[out.topic] += 1
+        consumed += self._write_run(owner, run, now)
+        self._processed(consumed)
+
+    def _processed(self, consumed: int) -> None:
+        """A batch is done: tell the state machine what each partition wrote; count."""
         self.metrics.consumed.inc(consumed)
-        for partition in partitions.values():
+        for partition in self.partitions.values():
             if partition.batch_records:
                 self._tell_written(partition)
+        produced = self._produced
         for topic, count in produced.items():
             self.metrics.produced.labels(topic=topic).inc(count)
         produced.clear()
+
+    def _write_run(self, partition: Partition | None, run: list[Processed], now: float) -> int:
+        """Write a flowing partition's run (emptied) and advance its batch; how many
+        records were written (fewer when a write failed: the state machine is told)."""
+        if not run or partition is None:
+            return 0
+        failed: KafkaOperationError | None = None
+        try:
+            self.committer.write_run(partition.key, run)
+            written = len(run)
+        except KafkaOperationError as exc:
+            failed, at = exc, exc.where.offset
+            written = next((i for i, (record, _) in enumerate(run) if record.offset == at), 0)
+        if written:
+            first, last = run[0][0], run[written - 1][0]
+            if not partition.batch_records:
+                partition.batch_first, partition.batch_since = first.offset, now
+                partition.batch_first_ts = first.timestamp
+            partition.batch_last_ts = last.timestamp
+            partition.batch_next = partition.position = last.offset + 1
+            partition.batch_records += written
+        run.clear()
+        if failed is not None:
+            self.dispatch(partition, sm.ProduceFailed(failed, now))
+        return written
 
     def _one(self, partition: Partition, msg: Message, now: float,
              saved: dict[int, list[Output]] | None = None) -> bool:
@@ -231,16 +282,14 @@ class Loop:
         return self._written(partition, record, result, now)
 
     def _written(self, partition: Partition, record: Record, result: Result,
-                 now: float, *, name_record: bool = True) -> bool:
-        """Hand a processed record's outputs to the committer and advance the
-        partition's batch; False when the write failed (the state machine is told).
-        ``name_record``: see Committer.write (off on the hot path only)."""
+                 now: float) -> bool:
+        """Hand a processed record's outputs to the committer, named, and advance the
+        partition's batch; False when the write failed (the state machine is told)."""
         if result.error is not None:
             self._dead_lettered(partition, record, result.error)
         offset = record.offset
         try:
-            self.committer.write(partition.key, offset, result.outputs,
-                                 name_record=name_record)
+            self.committer.write(partition.key, offset, result.outputs)
         except KafkaOperationError as exc:
             self.dispatch(partition, sm.ProduceFailed(exc, now))
             return False

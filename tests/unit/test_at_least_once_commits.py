@@ -15,8 +15,10 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from service.errors import KafkaOperationError
 from service.metrics import Metrics
 from service.processing import Produced
+from service.records import Record
 from service.settings import load_settings
 from service.stage.at_least_once import AtLeastOnce
 from service.stage.state import DeliveryFailed, Event
@@ -122,6 +124,10 @@ def reported(alo: AtLeastOnce) -> list[tuple[tuple[str, int], Event]]:
     return events
 
 
+def record(offset: int) -> Record:
+    return Record(KEY[0], KEY[1], offset, 0, None, b"")
+
+
 def output(value: bytes) -> Produced:
     return Produced("out", None, value, [])
 
@@ -150,8 +156,8 @@ def test_outputs_written_unnamed_are_counted_and_their_failure_says_how_far_to_n
     """A flowing partition writes unnamed (one callback object for every output): the
     window still waits for each output, and a failure tells the state machine the end
     of the window, up to which the records are written again named."""
-    for offset in range(5, 8):
-        committer.write(KEY, offset, [output(b"a"), output(b"b")], name_record=False)
+    committer.write_run(KEY, [(record(offset), [output(b"a"), output(b"b")])
+                              for offset in range(5, 8)])
     committer.commit(KEY, None, lambda: None)  # type: ignore[arg-type]
     window = committer._windows[KEY][0]
     assert window.in_flight == 6  # outputs, not records: all share one callback
@@ -160,3 +166,18 @@ def test_outputs_written_unnamed_are_counted_and_their_failure_says_how_far_to_n
     assert key == KEY and isinstance(event, DeliveryFailed) and event.through == 8
     assert [f.offset for f in event.failures] == [None] * 6
     assert window.in_flight == 0 and sent == []
+
+
+def test_a_run_whose_write_fails_ends_its_window_before_the_failed_record(
+        committer: AtLeastOnce) -> None:
+    # librdkafka refuses an output larger than message.max.bytes in produce() itself.
+    too_large = Produced("out", None, b"x" * 2_000_000, [])
+    run = [(record(5), [output(b"a")]), (record(6), [too_large]), (record(7), [output(b"c")])]
+    failed_at = None
+    try:
+        committer.write_run(KEY, run)
+    except KafkaOperationError as exc:  # (its traceback holds the window's callback)
+        failed_at = exc.where.offset
+    assert failed_at == 6
+    window = committer._windows[KEY][0]
+    assert window.next == 6 and window.in_flight == 1  # record 5's output is queued

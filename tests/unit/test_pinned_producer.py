@@ -12,6 +12,7 @@ from service import transaction
 from service.errors import AbortableError, FatalError, FencedError, RetriableError
 from service.processing import Produced
 from service.producer import PinnedProducer
+from service.records import Record
 
 OUT = Produced("out", b"k", b"v", [])
 
@@ -174,3 +175,15 @@ def test_a_new_transaction_forgets_failures_of_the_last_one() -> None:
     producer.deliveries(KafkaError(KafkaError.INVALID_RECORD, "old"), None)  # type: ignore[arg-type]
     producer.begin()
     assert producer.deliveries.take() == ()
+
+
+def test_a_run_is_written_unnamed_and_a_failure_names_its_record() -> None:
+    producer, fake = pinned()
+    fake.produce.side_effect = [None, None, KafkaException(
+        KafkaError(KafkaError._STATE, "Erroneous state"))]
+    run = [(Record("in", 0, offset, 0, None, b""), [OUT]) for offset in (7, 8, 9)]
+    with pytest.raises(AbortableError) as caught:
+        producer.produce_run(run)
+    assert caught.value.where.offset == 9 and "in/0@9" in str(caught.value)
+    assert fake.produce.call_count == 3
+    assert all("on_delivery" not in call.kwargs for call in fake.produce.call_args_list)

@@ -24,7 +24,7 @@ from service.admin import OutputLimits
 from service.examples.square import square
 from service.health import Health
 from service.metrics import Metrics
-from service.processing import Produced
+from service.processing import Processed, Produced
 from service.settings import load_settings
 from service.stage import state as sm
 from service.stage.committer import Committer
@@ -68,11 +68,12 @@ class RecordingCommitter:
     written: list[int] = field(default_factory=list)
     named: list[int] = field(default_factory=list)  # written asking reports to name them
 
-    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced], *,
-              name_record: bool = True) -> None:
+    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
         self.written.append(offset)
-        if name_record:
-            self.named.append(offset)
+        self.named.append(offset)
+
+    def write_run(self, key: TopicPartitionKey, run: list[Processed]) -> None:
+        self.written.extend(record.offset for record, _ in run)
 
     def poll(self, now: float) -> list[tuple[TopicPartitionKey, sm.Event]]:
         return []
