@@ -175,6 +175,42 @@ def cpu_seconds(pids: Iterable[int]) -> float | None:
     return total / _CLOCK_TICKS if pids else None
 
 
+# What a process's CPU is spent on, by thread: its main thread (the stage's and the
+# bare loop's consume loop), librdkafka's own threads (named "rdk:main",
+# "rdk:broker<id>"), and the rest (job pools, HTTP, threads that ended).
+THREAD_GROUPS = ("loop", "librdkafka", "other")
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each live thread of ``pid``: its name and user + system CPU seconds
+    (``/proc/<pid>/task``); empty when the process is gone."""
+    threads: dict[int, tuple[str, float]] = {}
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                name = (task / "comm").read_text().strip()
+                stat = (task / "stat").read_text()
+                fields = stat[stat.rindex(")") + 2:].split()
+                threads[int(task.name)] = (name, sum(int(v) for v in fields[11:13])
+                                           / _CLOCK_TICKS)
+    return threads
+
+
+def cpu_by_thread_group(pid: int, before: Mapping[int, tuple[str, float]],
+                        after: Mapping[int, tuple[str, float]],
+                        total: float) -> dict[str, float]:
+    """CPU seconds between two ``thread_cpu`` snapshots, by ``THREAD_GROUPS``;
+    "other" is ``total`` (the whole process's, threads that ended included) less the
+    rest."""
+    spent = dict.fromkeys(THREAD_GROUPS, 0.0)
+    for tid, (name, seconds) in after.items():
+        group = "loop" if tid == pid else "librdkafka" if name.startswith("rdk:") else None
+        if group is not None:
+            spent[group] += seconds - before.get(tid, (name, 0.0))[1]
+    spent["other"] = max(total - spent["loop"] - spent["librdkafka"], 0.0)
+    return spent
+
+
 def listening_pids(bootstrap: str) -> tuple[int, ...]:
     """The local processes listening on ``bootstrap``'s ports (a broker on this box:
     its JVM), found through ``/proc/net/tcp*`` and each process's socket descriptors;

@@ -39,11 +39,13 @@ from confluent_kafka import Producer
 from bench.bare import ASSIGNED_LINE
 from bench.common import (
     REPO_ROOT,
+    THREAD_GROUPS,
     OffsetProbe,
     ProcStatus,
     StageProcess,
     TopicPartitionKey,
     behind,
+    cpu_by_thread_group,
     cpu_seconds,
     ensure_topics,
     free_port,
@@ -55,6 +57,7 @@ from bench.common import (
     partitions_of,
     proc_status,
     stage_env,
+    thread_cpu,
 )
 from bench.transforms import identity
 from service.verify import HangingTransactionError, verify
@@ -65,6 +68,7 @@ TRANSFORM = "bench.transforms:identity"
 COMMIT_INTERVAL_MS = 100
 BATCH_SIZE = 500  # the stage's default TXSTAGE_BATCH_SIZE, passed to every mode
 POLL_S = 0.1      # committed-offset polling period
+STEADY = (0.1, 0.9)  # the steady rate: between these fractions of the records committed
 FIRST_OUTPUT_POLL_S = 0.02
 SCALING_PARTITIONS = (4, 64)
 # bootstrap -> (log directory, Kafka's libs) of a broker started here (see broker())
@@ -126,11 +130,14 @@ class ModeResult:
     problems: list[str] = field(default_factory=list)
     duplicates: int = 0
     outputs_found: int = 0
+    steady_records_per_s: float | None = None  # between 10 and 90 % committed (steady_rate)
     loadavg_1m: float = 0.0  # at the start: other work on the box skews absolute figures
     # CPU-seconds per 100,000 records over the measured window: the process's own (all
     # its threads), and the broker's above its idle rate (None: not on this box)
     cpu_s_per_100k: float | None = None
     broker_cpu_s_per_100k: float | None = None
+    # the process's, by bench.common.THREAD_GROUPS (loop, librdkafka, other)
+    cpu_by_thread_per_100k: dict[str, float] = field(default_factory=dict)
     output_topic: str = ""
     # The output topic's log per 100k inputs (--scaling, private broker only)
     output_log: dict[str, float] | None = None
@@ -269,9 +276,16 @@ def measure(w: Workload, mode: str, *, argv: Sequence[str] | None = None,
             first = _poll(lambda: sum(probe.end_offsets(out_keys).values()) > 0, proc,
                           w.timeout_s, FIRST_OUTPUT_POLL_S, "first output")
             cpu_first = cpu_seconds([proc.pid]), cpu_seconds(w.broker_pids)
-            done = _poll(lambda: behind(w.ends, probe.committed(w.ends)) == 0, proc,
-                         w.timeout_s, POLL_S, "all inputs committed")
+            threads_first = thread_cpu(proc.pid)
+            progress: list[tuple[float, int]] = []  # (when, records committed)
+
+            def all_committed() -> bool:
+                left = behind(w.ends, probe.committed(w.ends))
+                progress.append((time.monotonic(), w.records - left))
+                return left == 0
+            done = _poll(all_committed, proc, w.timeout_s, POLL_S, "all inputs committed")
             cpu_done = cpu_seconds([proc.pid]), cpu_seconds(w.broker_pids)
+            threads_done = thread_cpu(proc.pid)
             memory["at_end"] = proc_status(proc.pid)
             text = proc.metrics()
         finally:
@@ -284,10 +298,37 @@ def measure(w: Workload, mode: str, *, argv: Sequence[str] | None = None,
                         startup_s=round(ready_at - launched, 3), exit_code=code,
                         log=str(proc.log_path), memory=memory, loadavg_1m=round(load, 2),
                         output_topic=output)
+    result.steady_records_per_s = steady_rate(progress, w.records)
     _cpu(result, w, cpu_first, cpu_done)
+    own0, own1 = cpu_first[0], cpu_done[0]
+    if own0 is not None and own1 is not None and threads_done:
+        result.cpu_by_thread_per_100k = {
+            group: round(seconds * 100_000 / w.records, 3) for group, seconds in
+            cpu_by_thread_group(proc.pid, threads_first, threads_done, own1 - own0).items()}
     _read_metrics(result, text)
     _verify(result, w, group, output)
     return result
+
+
+def steady_rate(progress: Sequence[tuple[float, int]], records: int) -> float | None:
+    """Records per second between the moments 10 % and 90 % of ``records`` were
+    committed, each interpolated between the two polls around it: the rate without the
+    start or the drain. The end-to-end rate (first output to all committed) also holds
+    the last commit's latency, which a bare loop that commits without waiting for its
+    outputs hardly has, and exactly-once has most (a transaction's commit)."""
+    def crossing(fraction: float) -> float | None:
+        target, before = fraction * records, None
+        for when, done in progress:
+            if done >= target:
+                if before is None or done == before[1]:
+                    return when
+                return before[0] + (when - before[0]) * (target - before[1]) / (done - before[1])
+            before = (when, done)
+        return None
+    start, end = crossing(STEADY[0]), crossing(STEADY[1])
+    if start is None or end is None or end <= start:
+        return None
+    return round((STEADY[1] - STEADY[0]) * records / (end - start), 1)
 
 
 def _cpu(result: ModeResult, w: Workload, first: tuple[float | None, float | None],
@@ -345,7 +386,7 @@ def ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b else float("nan")
 
 
-def _cpu_ratio(a: float | None, b: float | None) -> float:
+def _known_ratio(a: float | None, b: float | None) -> float:
     return ratio(a, b) if a is not None and b else float("nan")
 
 
@@ -354,14 +395,18 @@ def ratios(results: dict[str, ModeResult]) -> dict[str, float]:
     found = {"eos_over_alo": ratio(eos.records_per_s, alo.records_per_s),
              "eos_over_bare": ratio(eos.records_per_s, bare.records_per_s),
              "alo_over_bare": ratio(alo.records_per_s, bare.records_per_s),
-             "broker_cpu_eos_over_alo": _cpu_ratio(eos.broker_cpu_s_per_100k,
+             "eos_over_bare_steady": _known_ratio(eos.steady_records_per_s,
+                                                bare.steady_records_per_s),
+             "alo_over_bare_steady": _known_ratio(alo.steady_records_per_s,
+                                                bare.steady_records_per_s),
+             "broker_cpu_eos_over_alo": _known_ratio(eos.broker_cpu_s_per_100k,
                                                    alo.broker_cpu_s_per_100k)}
     if VARIANT in results:
         variant = results[VARIANT]
         found |= {"variant_over_eos": ratio(variant.records_per_s, eos.records_per_s),
-                  "variant_cpu_over_eos": _cpu_ratio(variant.cpu_s_per_100k,
+                  "variant_cpu_over_eos": _known_ratio(variant.cpu_s_per_100k,
                                                      eos.cpu_s_per_100k),
-                  "broker_cpu_variant_over_alo": _cpu_ratio(variant.broker_cpu_s_per_100k,
+                  "broker_cpu_variant_over_alo": _known_ratio(variant.broker_cpu_s_per_100k,
                                                             alo.broker_cpu_s_per_100k)}
     return found
 
@@ -410,8 +455,16 @@ def _startup_lines(results: Sequence[ModeResult]) -> list[str]:
 
 def _cpu_lines(results: Sequence[ModeResult]) -> list[str]:
     return [f"  {r.mode:<14} {r.partitions:>3} partitions: process "
-            f"{_fmt(r.cpu_s_per_100k, ' s', 2)}, broker {_fmt(r.broker_cpu_s_per_100k, ' s', 2)}"
+            f"{_fmt(r.cpu_s_per_100k, ' s', 2)}{_by_thread(r)}, broker "
+            f"{_fmt(r.broker_cpu_s_per_100k, ' s', 2)}"
             for r in results]
+
+
+def _by_thread(r: ModeResult) -> str:
+    spent = r.cpu_by_thread_per_100k
+    if not spent:
+        return ""
+    return " (" + ", ".join(f"{group} {spent[group]:.2f}" for group in THREAD_GROUPS) + ")"
 
 
 def _memory(status: ProcStatus | None) -> str:
@@ -647,6 +700,7 @@ def report(args: argparse.Namespace, info: dict[str, object], w: Workload,
         "modes": {m: asdict(r) for m, r in results.items()},
         "ratios": median_ratios(runs),
         "repeats": {m: [r.records_per_s for r in rs] for m, rs in runs.items()},
+        "steady_repeats": {m: [r.steady_records_per_s for r in rs] for m, rs in runs.items()},
         "scaling": scaling_info, "exactly_once_verified": clean}
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -664,6 +718,8 @@ def print_human(results: dict[str, ModeResult], scaling: list[ModeResult],
              f"EOS efficiency (exactly_once / at_least_once): {r['eos_over_alo']:.3f}",
              f"exactly_once / bare:                           {r['eos_over_bare']:.3f}",
              f"at_least_once / bare:                          {r['alo_over_bare']:.3f}",
+             f"  steady (10-90 % committed): exactly_once / bare {r['eos_over_bare_steady']:.3f}, "
+             f"at_least_once / bare {r['alo_over_bare_steady']:.3f}",
              f"broker CPU, exactly_once / at_least_once:      "
              f"{r['broker_cpu_eos_over_alo']:.3f}",
              *_variant_lines(r),
@@ -711,8 +767,12 @@ def _repeat_lines(summary: dict[str, object]) -> list[str]:
         return []
     runs = "; ".join(f"{mode} " + ", ".join(f"{v:,.0f}" for v in values)
                      for mode, values in repeats.items())
+    steady = summary["steady_repeats"]
+    assert isinstance(steady, dict)
+    steady_runs = "; ".join(f"{mode} " + ", ".join(_fmt(v, digits=0) for v in values)
+                            for mode, values in steady.items())
     return ["(ratios: the median over rounds of each round's ratio; table: the median run)",
-            f"(every run, rec/s: {runs})"]
+            f"(every run, rec/s: {runs})", f"(every run, steady rec/s: {steady_runs})"]
 
 
 def _kb_to_mb(value: object) -> float | None:
