@@ -40,6 +40,13 @@ def consumer_config(settings: Settings) -> Config:
         **(_classic_session(settings) if classic else {}),
         "max.poll.interval.ms": 300_000,
         "fetch.wait.max.ms": 100,
+        # Once the prefetched records reach queued.max.messages.kbytes (64 MB: 64k
+        # records of 1 KB) librdkafka stops fetching each partition for this long.
+        # Its default, 1 s, is longer than a replica takes to work through 64 MB, so
+        # every replica (and the bare loop) stood idle for a few hundred ms each
+        # second: throughput was capped near 70k records/s whatever the stage cost
+        # (docs/benchmarks.md, "The consumer's fetch backoff").
+        "fetch.queue.backoff.ms": 20,
         "client.id": client_id(settings, "consumer"),
         **_plain(settings.kafka),
         **_plain(settings.consumer),
