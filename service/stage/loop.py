@@ -33,6 +33,7 @@ from service.errors import (
     DENIALS,
     DeniedError,
     FatalError,
+    FencedError,
     KafkaOperationError,
     PoisonRecordError,
     RetriableError,
@@ -107,8 +108,12 @@ class Loop:
         for partition, (event, error) in self.jobs.completions():
             if error is not None:
                 raise error
-            if event is not None and self.partitions.get(partition.key) is partition:
+            if event is None:
+                continue
+            if self.partitions.get(partition.key) is partition:
                 self.dispatch(partition, event)  # type: ignore[arg-type]
+            else:
+                self._abandoned(partition, event)  # type: ignore[arg-type]
         for key, reported in self.committer.poll(now):
             owner = self.partitions.get(key)
             if owner is not None:
@@ -401,6 +406,21 @@ class Loop:
                 raise error
             case _:
                 self._report(partition, action)
+
+    def _abandoned(self, partition: Partition, event: sm.Event) -> None:
+        """The end of a job whose partition was given up while it ran (lost while
+        committing, say): nothing is left to decide, but a fence it found is reported as
+        any other is. (A paused replica that resumes often starts the commits that fell
+        due meanwhile before it hears its partitions are lost; they meet its successor's
+        fence, which the operator must see.)"""
+        error = getattr(event, "error", None)
+        if isinstance(error, FencedError):
+            self.metrics.producers_fenced.inc()
+            if isinstance(event, sm.CommitFailed):
+                self.metrics.aborted.labels(reason="fenced").inc()
+            log.warning("producer.fenced", topic=partition.topic, partition=partition.partition,
+                        transactional_id=self.committer.transactional_id(partition.key),
+                        on="abandoned", error=str(error))
 
     def _end_to_end(self, txn: sm.Txn) -> None:
         """A committed transaction's outputs are visible to read_committed readers now:
