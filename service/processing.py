@@ -6,7 +6,7 @@ so the backfill's output equals the stream's record for record (parity).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple, cast
 
 from service import lineage
@@ -37,6 +37,12 @@ class Produced(NamedTuple):
 # An input record and the outputs to write for it: a flowing partition's records are
 # written a run at a time (Committer.write_run), one call per partition per fetch.
 Processed = tuple[Record, list[Produced]]
+
+
+def written_before(run: Sequence[Processed], offset: int | None) -> int:
+    """How many records of ``run`` come before the one at ``offset``: those a write
+    that failed at ``offset`` had written (0 when no record is at ``offset``)."""
+    return next((i for i, (record, _) in enumerate(run) if record.offset == offset), 0)
 
 
 class Result(NamedTuple):

@@ -30,7 +30,7 @@ from service.errors import Where, translate
 from service.kafka_config import producer_config
 from service.logs import error_cb, librdkafka_logger
 from service.metrics import Metrics
-from service.processing import Processed, Produced
+from service.processing import Processed, Produced, written_before
 from service.producer import produce
 from service.settings import Settings
 from service.stage.committer import GroupMetadata, Job
@@ -155,7 +155,7 @@ class AtLeastOnce:
                 except BufferError:
                     produce(producer, out, on_delivery=report)
                 except KafkaException as exc:
-                    written = _index(run, record)  # the records before it were
+                    written = written_before(run, record.offset)
                     if written:
                         window.next = run[written - 1][0].offset + 1
                     raise translate(exc, Where("produce", None, key[0], key[1],
@@ -261,8 +261,3 @@ class AtLeastOnce:
 
     def shutdown(self, timeout_s: float) -> None:
         self._producer.flush(max(timeout_s, 0.0))
-
-
-def _index(run: list[Processed], record: object) -> int:
-    """Where ``record`` is in ``run``."""
-    return next(i for i, (r, _) in enumerate(run) if r is record)

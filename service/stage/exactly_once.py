@@ -94,17 +94,19 @@ class ExactlyOnce:
         return job
 
     def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
-        producer = self._producers[key]
-        if not producer.in_transaction:
-            producer.begin()
+        producer = self._in_transaction(key)
         if outputs:
             producer.produce_all(outputs, offset)
 
     def write_run(self, key: TopicPartitionKey, run: list[Processed]) -> None:
+        self._in_transaction(key).produce_run(run)
+
+    def _in_transaction(self, key: TopicPartitionKey) -> PinnedProducer:
+        """The partition's producer, its transaction begun."""
         producer = self._producers[key]
         if not producer.in_transaction:
             producer.begin()
-        producer.produce_run(run)
+        return producer
 
     def commit(self, key: TopicPartitionKey, txn: Txn, group_metadata: GroupMetadata) -> Job:
         producer = self._producers[key]

@@ -45,7 +45,14 @@ from service.errors import (
 from service.health import Health
 from service.messages import to_record
 from service.metrics import Metrics
-from service.processing import OutputRefusedError, Processed, Result, process, refused
+from service.processing import (
+    OutputRefusedError,
+    Processed,
+    Result,
+    process,
+    refused,
+    written_before,
+)
 from service.records import Output, Record, Transform
 from service.settings import Settings
 from service.stage import state as sm
@@ -226,16 +233,9 @@ class Loop:
             self.committer.write_run(partition.key, run)
             written = len(run)
         except KafkaOperationError as exc:
-            failed, at = exc, exc.where.offset
-            written = next((i for i, (record, _) in enumerate(run) if record.offset == at), 0)
+            failed, written = exc, written_before(run, exc.where.offset)
         if written:
-            first, last = run[0][0], run[written - 1][0]
-            if not partition.batch_records:
-                partition.batch_first, partition.batch_since = first.offset, now
-                partition.batch_first_ts = first.timestamp
-            partition.batch_last_ts = last.timestamp
-            partition.batch_next = partition.position = last.offset + 1
-            partition.batch_records += written
+            _advance(partition, run[0][0], run[written - 1][0], written, now)
         run.clear()
         if failed is not None:
             self.dispatch(partition, sm.ProduceFailed(failed, now))
@@ -298,12 +298,7 @@ class Loop:
         except KafkaOperationError as exc:
             self.dispatch(partition, sm.ProduceFailed(exc, now))
             return False
-        if not partition.batch_records:
-            partition.batch_first, partition.batch_since = offset, now
-            partition.batch_first_ts = record.timestamp
-        partition.batch_last_ts = record.timestamp
-        partition.batch_next = partition.position = offset + 1
-        partition.batch_records += 1
+        _advance(partition, record, record, 1, now)
         produced = self._produced
         for out in result.outputs:
             produced[out.topic] += 1
@@ -707,3 +702,14 @@ class Loop:
             raise FatalError(Where("consume"), error)
         log.warning("kafka.consume_error", code=error.name(), error=error.str())
 
+
+def _advance(partition: Partition, first: Record, last: Record, records: int,
+             now: float) -> None:
+    """``records`` more written for ``partition``, ``first`` to ``last``: its batch
+    (told to the state machine at the batch's end) and its position move on."""
+    if not partition.batch_records:
+        partition.batch_first, partition.batch_since = first.offset, now
+        partition.batch_first_ts = first.timestamp
+    partition.batch_last_ts = last.timestamp
+    partition.batch_next = partition.position = last.offset + 1
+    partition.batch_records += records
