@@ -211,6 +211,35 @@ def cpu_by_thread_group(pid: int, before: Mapping[int, tuple[str, float]],
     return spent
 
 
+# The broker JVM's CPU by thread (names as /proc shows them, cut to 15 characters):
+# "jit" is HotSpot compiling the broker's code ("C1/C2 CompilerThread", the code cache
+# sweeper), "gc" the collector and the VM's own thread, "requests" every other thread:
+# Kafka's network and request-handler threads, the coordinators, the transaction
+# marker sender. A broker compiles a code path once, when clients first exercise it;
+# a benchmark that takes turns between guarantees keeps exercising new paths, so its
+# JIT time is a cost of the benchmark's order, not of the records (docs/benchmarks.md,
+# "The broker's CPU by thread").
+BROKER_THREAD_GROUPS = ("requests", "jit", "gc")
+_BROKER_JIT = ("C1 CompilerThre", "C2 CompilerThre", "Sweeper thread")
+_BROKER_GC = ("GC Thread", "G1 ", "VM Thread", "VM Periodic")
+
+
+def broker_cpu_by_thread_group(before: Mapping[int, tuple[str, float]],
+                               after: Mapping[int, tuple[str, float]],
+                               caused: float) -> dict[str, float]:
+    """The broker's CPU seconds between two ``thread_cpu`` snapshots of its JVM, by
+    ``BROKER_THREAD_GROUPS``; "requests" is ``caused`` (all its threads, less its idle
+    rate) less the JIT and the collector (never below 0)."""
+    spent = dict.fromkeys(BROKER_THREAD_GROUPS, 0.0)
+    for tid, (name, seconds) in after.items():
+        group = ("jit" if name.startswith(_BROKER_JIT)
+                 else "gc" if name.startswith(_BROKER_GC) else None)
+        if group is not None:
+            spent[group] += seconds - before.get(tid, (name, 0.0))[1]
+    spent["requests"] = max(caused - spent["jit"] - spent["gc"], 0.0)
+    return spent
+
+
 def listening_pids(bootstrap: str) -> tuple[int, ...]:
     """The local processes listening on ``bootstrap``'s ports (a broker on this box:
     its JVM), found through ``/proc/net/tcp*`` and each process's socket descriptors;

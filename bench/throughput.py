@@ -36,8 +36,11 @@ from pathlib import Path
 import confluent_kafka
 from confluent_kafka import Producer
 
+from bench import broker_profile
 from bench.bare import ASSIGNED_LINE
+from bench.broker_profile import BrokerProfile
 from bench.common import (
+    BROKER_THREAD_GROUPS,
     REPO_ROOT,
     THREAD_GROUPS,
     OffsetProbe,
@@ -45,6 +48,7 @@ from bench.common import (
     StageProcess,
     TopicPartitionKey,
     behind,
+    broker_cpu_by_thread_group,
     cpu_by_thread_group,
     cpu_seconds,
     ensure_topics,
@@ -138,6 +142,10 @@ class ModeResult:
     broker_cpu_s_per_100k: float | None = None
     # the process's, by bench.common.THREAD_GROUPS (loop, librdkafka, other)
     cpu_by_thread_per_100k: dict[str, float] = field(default_factory=dict)
+    # the broker's, by bench.common.BROKER_THREAD_GROUPS (requests, jit, gc)
+    broker_cpu_by_thread_per_100k: dict[str, float] = field(default_factory=dict)
+    # --broker-profile: the broker's JFR samples per 100k records by what it was doing
+    broker_samples_per_100k: dict[str, float] | None = None
     output_topic: str = ""
     # The output topic's log per 100k inputs (--scaling, private broker only)
     output_log: dict[str, float] | None = None
@@ -256,8 +264,9 @@ def _ready(proc: StageProcess) -> Callable[[], bool]:
 
 
 def measure(w: Workload, mode: str, *, argv: Sequence[str] | None = None,
-            tag: str = "") -> ModeResult:
-    """Run one process over the workload until everything is committed, then verify."""
+            tag: str = "", profile: BrokerProfile | None = None) -> ModeResult:
+    """Run one process over the workload until everything is committed, then verify;
+    with ``profile``, the broker is recorded from the process's start to that commit."""
     group = f"bench-{w.run_id}-{mode}{tag}-{w.partitions}"
     output = f"{group}-out"
     ensure_topics(w.bootstrap, {output: w.outputs})
@@ -266,6 +275,8 @@ def measure(w: Workload, mode: str, *, argv: Sequence[str] | None = None,
     memory: dict[str, ProcStatus | None] = {}
     load = os.getloadavg()[0]
     with OffsetProbe(w.bootstrap, group) as probe:
+        if profile is not None:
+            profile.start(f"{mode}{tag}")
         launched = time.monotonic()
         proc.start()
         try:
@@ -276,7 +287,7 @@ def measure(w: Workload, mode: str, *, argv: Sequence[str] | None = None,
             first = _poll(lambda: sum(probe.end_offsets(out_keys).values()) > 0, proc,
                           w.timeout_s, FIRST_OUTPUT_POLL_S, "first output")
             cpu_first = cpu_seconds([proc.pid]), cpu_seconds(w.broker_pids)
-            threads_first = thread_cpu(proc.pid)
+            threads_first, broker_first = thread_cpu(proc.pid), _broker_threads(w)
             progress: list[tuple[float, int]] = []  # (when, records committed)
 
             def all_committed() -> bool:
@@ -285,7 +296,8 @@ def measure(w: Workload, mode: str, *, argv: Sequence[str] | None = None,
                 return left == 0
             done = _poll(all_committed, proc, w.timeout_s, POLL_S, "all inputs committed")
             cpu_done = cpu_seconds([proc.pid]), cpu_seconds(w.broker_pids)
-            threads_done = thread_cpu(proc.pid)
+            threads_done, broker_done = thread_cpu(proc.pid), _broker_threads(w)
+            recording = profile.stop() if profile is not None else None
             memory["at_end"] = proc_status(proc.pid)
             text = proc.metrics()
         finally:
@@ -305,9 +317,23 @@ def measure(w: Workload, mode: str, *, argv: Sequence[str] | None = None,
         result.cpu_by_thread_per_100k = {
             group: round(seconds * 100_000 / w.records, 3) for group, seconds in
             cpu_by_thread_group(proc.pid, threads_first, threads_done, own1 - own0).items()}
+    if result.broker_cpu_s_per_100k is not None and broker_done:
+        result.broker_cpu_by_thread_per_100k = {
+            group: round(seconds * 100_000 / w.records, 3) for group, seconds in
+            broker_cpu_by_thread_group(broker_first, broker_done,
+                                       result.broker_cpu_s_per_100k * w.records / 100_000
+                                       ).items()}
+    if profile is not None and recording is not None:
+        counts = broker_profile.summarise(profile.samples(recording))
+        result.broker_samples_per_100k = {
+            cat: round(n * 100_000 / w.records, 1) for cat, n in counts.most_common()}
     _read_metrics(result, text)
     _verify(result, w, group, output)
     return result
+
+
+def _broker_threads(w: Workload) -> dict[int, tuple[str, float]]:
+    return thread_cpu(w.broker_pids[0]) if len(w.broker_pids) == 1 else {}
 
 
 def steady_rate(progress: Sequence[tuple[float, int]], records: int) -> float | None:
@@ -400,7 +426,10 @@ def ratios(results: dict[str, ModeResult]) -> dict[str, float]:
              "alo_over_bare_steady": _known_ratio(alo.steady_records_per_s,
                                                 bare.steady_records_per_s),
              "broker_cpu_eos_over_alo": _known_ratio(eos.broker_cpu_s_per_100k,
-                                                   alo.broker_cpu_s_per_100k)}
+                                                   alo.broker_cpu_s_per_100k),
+             "broker_requests_cpu_eos_over_alo": _known_ratio(
+                 eos.broker_cpu_by_thread_per_100k.get("requests"),
+                 alo.broker_cpu_by_thread_per_100k.get("requests"))}
     if VARIANT in results:
         variant = results[VARIANT]
         found |= {"variant_over_eos": ratio(variant.records_per_s, eos.records_per_s),
@@ -456,8 +485,16 @@ def _startup_lines(results: Sequence[ModeResult]) -> list[str]:
 def _cpu_lines(results: Sequence[ModeResult]) -> list[str]:
     return [f"  {r.mode:<14} {r.partitions:>3} partitions: process "
             f"{_fmt(r.cpu_s_per_100k, ' s', 2)}{_by_thread(r)}, broker "
-            f"{_fmt(r.broker_cpu_s_per_100k, ' s', 2)}"
+            f"{_fmt(r.broker_cpu_s_per_100k, ' s', 2)}{_by_broker_thread(r)}"
             for r in results]
+
+
+def _by_broker_thread(r: ModeResult) -> str:
+    spent = r.broker_cpu_by_thread_per_100k
+    if not spent:
+        return ""
+    return " (" + ", ".join(f"{group} {spent[group]:.2f}"
+                            for group in BROKER_THREAD_GROUPS) + ")"
 
 
 def _by_thread(r: ModeResult) -> str:
@@ -574,6 +611,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "every round, as the mode exactly_once_variant")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the modes this many times, interleaved; report the medians")
+    parser.add_argument("--broker-profile", metavar="DIR", type=Path, default=None,
+                        help="record the broker JVM with Java Flight Recorder during each "
+                             "measured run into DIR/<mode>.jfr and summarise where its "
+                             "time went (bench/broker_profile.py)")
     parser.add_argument("--top", type=int, default=25, help="functions listed with --profile")
     return parser.parse_args(argv)
 
@@ -612,20 +653,30 @@ def run(args: argparse.Namespace) -> int:
                                args.profile_mode)
         warm_up(w, args.warm_up, say)
         w = with_broker_idle_rate(w)
-        runs = run_modes(w, args.repeat, say)
+        runs = run_modes(w, args.repeat, say, _broker_profile(args, w))
         scaling = (run_scaling(bootstrap, run_id, log_dir, args, say,
                                w.broker_idle_cpu_per_s) if args.scaling else [])
     return report(args, info, w, runs, scaling)
 
 
-def run_modes(w: Workload, repeat: int, say: Callable[[str], None]) -> dict[str, list[ModeResult]]:
+def _broker_profile(args: argparse.Namespace, w: Workload) -> BrokerProfile | None:
+    if args.broker_profile is None:
+        return None
+    if len(w.broker_pids) != 1:
+        raise SystemExit("--broker-profile needs a broker JVM on this box (one process "
+                         f"listening on {w.bootstrap}; found {len(w.broker_pids)})")
+    return BrokerProfile(w.broker_pids[0], args.broker_profile.resolve())
+
+
+def run_modes(w: Workload, repeat: int, say: Callable[[str], None],
+              profile: BrokerProfile | None = None) -> dict[str, list[ModeResult]]:
     """Every mode ``repeat`` times, interleaved (EOS, ALO, bare, EOS, ...), so a burst of
     other load on the box or a warming broker does not favour one mode."""
     modes = (*MODES, VARIANT) if w.variant else MODES
     runs: dict[str, list[ModeResult]] = {mode: [] for mode in modes}
     for i in range(repeat):
         for mode in modes:
-            r = measure(w, mode, tag=f"-r{i}" if repeat > 1 else "")
+            r = measure(w, mode, tag=f"-r{i}" if repeat > 1 else "", profile=profile)
             runs[mode].append(r)
             say(f"  {mode}: {r.records_per_s:,.0f} rec/s in {r.seconds:.2f} s "
                 f"(load {r.loadavg_1m:.1f}), {_verdict(r)}")
@@ -721,11 +772,13 @@ def print_human(results: dict[str, ModeResult], scaling: list[ModeResult],
              f"  steady (10-90 % committed): exactly_once / bare {r['eos_over_bare_steady']:.3f}, "
              f"at_least_once / bare {r['alo_over_bare_steady']:.3f}",
              f"broker CPU, exactly_once / at_least_once:      "
-             f"{r['broker_cpu_eos_over_alo']:.3f}",
+             f"{r['broker_cpu_eos_over_alo']:.3f} (request threads only, no JIT or GC: "
+             f"{r['broker_requests_cpu_eos_over_alo']:.3f})",
              *_variant_lines(r),
              *_repeat_lines(summary),
              "", "CPU-seconds per 100,000 records (measured window; broker: above idle "
              "rate):", *_cpu_lines(rows),
+             *_broker_profile_lines(rows),
              "", "startup and rebalance:", *_startup_lines(rows),
              "", "memory (VmRSS) and threads (/proc/<pid>/status):", *_memory_lines(rows)]
     if scaling:
@@ -749,6 +802,15 @@ def print_human(results: dict[str, ModeResult], scaling: list[ModeResult],
     for row in rows:
         lines += [f"  {row.mode}/{row.partitions}: {p}" for p in row.problems]
     print("\n".join(lines))
+
+
+def _broker_profile_lines(rows: Sequence[ModeResult]) -> list[str]:
+    profiled = {f"{r.mode}/{r.partitions}": r.broker_samples_per_100k
+                for r in rows if r.broker_samples_per_100k is not None}
+    if not profiled:
+        return []
+    return ["", "the broker's time by what it did (--broker-profile; Java code only):",
+            *broker_profile.lines(profiled)]
 
 
 def _variant_lines(r: dict[str, float]) -> list[str]:
