@@ -17,6 +17,15 @@ from service.settings import Settings
 
 Config = dict[str, Any]
 
+# Once a consumer's prefetched records reach queued.max.messages.kbytes (64 MB: 64k
+# records of 1 KB) or a partition's reach queued.min.messages (100k), librdkafka stops
+# fetching that partition for fetch.queue.backoff.ms. Its default, 1 s, is longer than
+# a reader takes to work through that much, so every reader stood idle part of each
+# second: the stage's input consumer (and the bare loop) was capped near 70k records/s
+# of 1 KB whatever the stage cost (docs/benchmarks.md, "The consumer's fetch backoff"),
+# and so were the operator tools' and the verifier's read_committed readers.
+FETCH_QUEUE_BACKOFF_MS = 20
+
 
 def _plain(props: Mapping[str, SecretStr]) -> dict[str, str]:
     return {name: value.get_secret_value() for name, value in props.items()}
@@ -40,13 +49,7 @@ def consumer_config(settings: Settings) -> Config:
         **(_classic_session(settings) if classic else {}),
         "max.poll.interval.ms": 300_000,
         "fetch.wait.max.ms": 100,
-        # Once the prefetched records reach queued.max.messages.kbytes (64 MB: 64k
-        # records of 1 KB) librdkafka stops fetching each partition for this long.
-        # Its default, 1 s, is longer than a replica takes to work through 64 MB, so
-        # every replica (and the bare loop) stood idle for a few hundred ms each
-        # second: throughput was capped near 70k records/s whatever the stage cost
-        # (docs/benchmarks.md, "The consumer's fetch backoff").
-        "fetch.queue.backoff.ms": 20,
+        "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         "client.id": client_id(settings, "consumer"),
         **_plain(settings.kafka),
         **_plain(settings.consumer),

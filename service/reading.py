@@ -25,6 +25,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from service.errors import kafka_error
+from service.kafka_config import FETCH_QUEUE_BACKOFF_MS
 
 Partition = tuple[str, int]
 Config = Mapping[str, Any]
@@ -139,7 +140,8 @@ def read(config: Config, group_id: str, windows: Mapping[Partition, tuple[int, i
     todo = {k: (s, e) for k, (s, e) in windows.items() if e > s}
     if not todo:
         return 0
-    consumer = Consumer({**config, "group.id": group_id, "enable.auto.commit": False,
+    consumer = Consumer({"fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+                         **config, "group.id": group_id, "enable.auto.commit": False,
                          "isolation.level": "read_committed", "enable.partition.eof": True,
                          "auto.offset.reset": "earliest"})
     count = 0

@@ -28,6 +28,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from service import lineage
+from service.kafka_config import FETCH_QUEUE_BACKOFF_MS
 from service.messages import to_record
 from service.processing import Produced, process
 from service.records import Record, Transform
@@ -52,6 +53,7 @@ def read_topics(bootstrap: str, topics: Iterable[str], *, isolation: str = "read
         "enable.partition.eof": True, "auto.offset.reset": "earliest",
         # Watermark queries queue behind an in-flight fetch: keep fetches short.
         "fetch.wait.max.ms": 10,
+        "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
     })
     try:
         return _read_to_end(consumer, _partitions(consumer, topics), timeout_s)

@@ -7,6 +7,7 @@ loop of the benchmark) stood idle part of every second: throughput was capped ne
 70k records/s of 1 KB (docs/benchmarks.md, "The consumer's fetch backoff"). Here the
 queue holds 100 KB, so every fetch (up to 1 MB) fills it and the stall comes after
 each one: 20.4 s for the 20 MB below with librdkafka's default, 0.7 s with the stage's.
+The operator tools' reader (``txstage audit``, ``txstage redrive``) fetches the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from service import reading
 from service.kafka_config import consumer_config
 from service.settings import load_settings
 from tests.harness.kafka import KafkaService
@@ -24,14 +26,19 @@ RECORDS = 20_000
 VALUE = b"v" * 1000
 
 
-def test_a_full_prefetch_queue_does_not_stall_the_input_consumer(
-        kafka: KafkaService, new_topic: Callable[..., str], group_id: str) -> None:
+def _filled(kafka: KafkaService, new_topic: Callable[..., str]) -> str:
     topic = new_topic(partitions=1)
     producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 20})
     for _ in range(RECORDS):
         producer.produce(topic, VALUE)
         producer.poll(0)
     assert producer.flush(30) == 0
+    return topic
+
+
+def test_a_full_prefetch_queue_does_not_stall_the_input_consumer(
+        kafka: KafkaService, new_topic: Callable[..., str], group_id: str) -> None:
+    topic = _filled(kafka, new_topic)
     settings = load_settings({
         "TXSTAGE_BOOTSTRAP_SERVERS": kafka.bootstrap, "TXSTAGE_GROUP_ID": group_id,
         "TXSTAGE_INPUT_TOPICS": topic, "TXSTAGE_OUTPUT_TOPIC": "unused",
@@ -51,3 +58,15 @@ def test_a_full_prefetch_queue_does_not_stall_the_input_consumer(
     assert count == RECORDS
     # About 20 queue-fulls: with librdkafka's 1 s backoff this took 20 s.
     assert elapsed < 5, f"{RECORDS} records of 1 KB took {elapsed:.1f} s to consume"
+
+
+def test_a_full_prefetch_queue_does_not_stall_the_operator_tools_reader(
+        kafka: KafkaService, new_topic: Callable[..., str], group_id: str) -> None:
+    topic = _filled(kafka, new_topic)
+    config = {"bootstrap.servers": kafka.bootstrap, "queued.max.messages.kbytes": 100}
+    started = time.monotonic()
+    count = reading.read(config, group_id, {(topic, 0): (0, RECORDS)}, lambda msg: None,
+                         timeout_s=60)
+    elapsed = time.monotonic() - started
+    assert count == RECORDS
+    assert elapsed < 5, f"{RECORDS} records of 1 KB took {elapsed:.1f} s to read"
