@@ -61,11 +61,11 @@ def test_producer_is_idempotent_and_pinned() -> None:
     assert "transactional.id" not in producer_config(settings, None)
 
 
-def test_pinned_producers_linger_50_ms_and_the_shared_one_5_unless_told_otherwise() -> None:
+def test_pinned_producers_linger_50_ms_and_the_shared_one_20_unless_told_otherwise() -> None:
     # commit_transaction flushes whatever the linger: read_committed readers see no delay
     settings = load_settings(BASE)
     assert producer_config(settings, "grp.in-a.0")["linger.ms"] == 50
-    assert producer_config(settings, None)["linger.ms"] == 5
+    assert producer_config(settings, None)["linger.ms"] == 20
     told = load_settings({**BASE, "TXSTAGE_PRODUCER__LINGER_MS": "5"})
     assert producer_config(told, "grp.in-a.0")["linger.ms"] == "5"
 
