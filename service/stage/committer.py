@@ -39,7 +39,9 @@ class Committer(Protocol):
 
     def commit(self, key: TopicPartitionKey, txn: Txn,
                group_metadata: GroupMetadata) -> Job | Event:
-        """Make ``txn`` durable: outputs and input position."""
+        """Make ``txn`` durable: outputs and input position. ``group_metadata`` takes
+        the consumer's group metadata: call it here, on the loop thread, if at all,
+        never in the job (the consumer is the loop thread's)."""
 
     def abort(self, key: TopicPartitionKey, txn: Txn | None) -> Job | Event:
         """Give up the open transaction; its input is read again from Kafka's offset."""
@@ -47,7 +49,8 @@ class Committer(Protocol):
     def finish(self, key: TopicPartitionKey, txn: Txn | None, commit: bool, reason: str,
                group_metadata: GroupMetadata) -> Job | None:
         """Released: commit (falling back to an abort) or abort, then close; a job,
-        or None when it was done at once (on the loop thread)."""
+        or None when it was done at once (on the loop thread). ``group_metadata``: as
+        for ``commit``."""
 
     def detach(self, key: TopicPartitionKey) -> Job:
         """Take the partition's producer out of use now (a new incarnation of the

@@ -110,11 +110,12 @@ class ExactlyOnce:
 
     def commit(self, key: TopicPartitionKey, txn: Txn, group_metadata: GroupMetadata) -> Job:
         producer = self._producers[key]
+        taken = _taken(group_metadata)
 
         def job() -> Event:
             started = time.monotonic()
             try:
-                transaction.commit(producer, txn.next, group_metadata)
+                transaction.commit(producer, txn.next, taken)
             except KafkaOperationError as exc:
                 return CommitFailed(exc, producer.take_failures(), time.monotonic())
             return CommitDone(time.monotonic() - started, time.monotonic())
@@ -137,11 +138,12 @@ class ExactlyOnce:
         producer = self._detach(key)
         if producer is None:
             return None
+        taken = _taken(group_metadata) if commit else group_metadata
 
         def job() -> None:
             try:
                 if producer.in_transaction:
-                    self._finish(producer, txn, commit, reason, group_metadata)
+                    self._finish(producer, txn, commit, reason, taken)
             finally:
                 _close(producer)
         return job
@@ -227,3 +229,10 @@ def _close(producer: PinnedProducer | None) -> None:
     except Exception as exc:  # closing must not stop the others from closing
         log.warning("producer.close_failed", transactional_id=producer.transactional_id,
                     error=str(exc))
+
+
+def _taken(group_metadata: GroupMetadata) -> GroupMetadata:
+    """The consumer's group metadata taken now, on the loop thread, as the commit
+    starts (the freshest generation it can carry), for the job to send beside it."""
+    metadata = group_metadata()
+    return lambda: metadata

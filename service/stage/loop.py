@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future
 
 import structlog
@@ -367,7 +367,7 @@ class Loop:
                     self.jobs.start(partition, self._lookup_position(partition), startup=True)
             case sm.StartCommit(txn):
                 self._run(partition, self.committer.commit(
-                    partition.key, txn, self._group_metadata()))
+                    partition.key, txn, self._take_group_metadata))
             case sm.StartAbort(txn):
                 self._run(partition, self.committer.abort(partition.key, txn))
             case sm.CloseProducer():
@@ -382,7 +382,7 @@ class Loop:
                                "replaced if the partition is still ours")
             case sm.Finish(txn, commit, reason):
                 work = self.committer.finish(partition.key, txn, commit, reason,
-                                             self._group_metadata())
+                                             self._take_group_metadata)
                 if work is not None:
                     self.jobs.start(partition, work)
             case sm.Abandon():
@@ -427,13 +427,12 @@ class Loop:
                 self.metrics.end_to_end_seconds.labels(record=label).observe(
                     max(now_ms - stamp, 0.0) / 1000)
 
-    def _group_metadata(self) -> Callable[[], object]:
-        """The consumer's group metadata, taken now, on the loop thread: the
-        consumer must not be called from another thread (its calls there wait
-        while this thread sits in consume()). Taken as the commit starts, it is
-        the freshest generation the commit can carry."""
-        metadata = self.consumer.consumer_group_metadata()
-        return lambda: metadata
+    def _take_group_metadata(self) -> object:
+        """The consumer's group metadata, for a committer to take as its commit
+        starts, on the loop thread (Committer.commit): the consumer must not be called
+        from another thread (its calls there wait while this thread sits in
+        consume()). At-least-once never takes it: it cost 0.1-0.3 ms a commit."""
+        return self.consumer.consumer_group_metadata()
 
     def _run(self, partition: Partition, work: object) -> None:
         """A committer answer: an event now, or a job to run beside the loop."""
