@@ -85,7 +85,7 @@ def _frame(method: dict[str, object]) -> str:
 def category(frames: Sequence[str], thread: str) -> str:
     """What a sample was doing: the Kafka API it served on a request handler (the
     outermost ``KafkaApis.handleX``), a transactional append resumed after
-    verification (as ``produce (verified)``), or else its thread's name without the
+    verification (``Produce (verified)``), or else its thread's name without the
     numbers (``network thread`` for Kafka's socket processors)."""
     for frame in reversed(frames):  # outermost first
         if frame.startswith("KafkaApis.handle") and frame != "KafkaApis.handle":

@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -202,12 +202,23 @@ def cpu_by_thread_group(pid: int, before: Mapping[int, tuple[str, float]],
     """CPU seconds between two ``thread_cpu`` snapshots, by ``THREAD_GROUPS``;
     "other" is ``total`` (the whole process's, threads that ended included) less the
     rest."""
-    spent = dict.fromkeys(THREAD_GROUPS, 0.0)
+    return _split(before, after, total, THREAD_GROUPS, "other",
+                  lambda tid, name: "loop" if tid == pid
+                  else "librdkafka" if name.startswith("rdk:") else None)
+
+
+def _split(before: Mapping[int, tuple[str, float]], after: Mapping[int, tuple[str, float]],
+           total: float, groups: tuple[str, ...], rest: str,
+           group_of: Callable[[int, str], str | None]) -> dict[str, float]:
+    """CPU seconds between two ``thread_cpu`` snapshots by ``groups``: each thread's
+    in the group ``group_of`` names (None: ``rest``), and ``rest`` is ``total`` less
+    all the others (never below 0), whatever threads ended or began in between."""
+    spent = dict.fromkeys(groups, 0.0)
     for tid, (name, seconds) in after.items():
-        group = "loop" if tid == pid else "librdkafka" if name.startswith("rdk:") else None
+        group = group_of(tid, name)
         if group is not None:
             spent[group] += seconds - before.get(tid, (name, 0.0))[1]
-    spent["other"] = max(total - spent["loop"] - spent["librdkafka"], 0.0)
+    spent[rest] = max(total - sum(v for g, v in spent.items() if g != rest), 0.0)
     return spent
 
 
@@ -215,9 +226,9 @@ def cpu_by_thread_group(pid: int, before: Mapping[int, tuple[str, float]],
 # "jit" is HotSpot compiling the broker's code ("C1/C2 CompilerThread", the code cache
 # sweeper), "gc" the collector and the VM's own thread, "requests" every other thread:
 # Kafka's network and request-handler threads, the coordinators, the transaction
-# marker sender. A broker compiles a code path once, when clients first exercise it;
-# a benchmark that takes turns between guarantees keeps exercising new paths, so its
-# JIT time is a cost of the benchmark's order, not of the records (docs/benchmarks.md,
+# marker sender. A broker compiles its code paths once, soon after it starts; in a
+# benchmark of minutes it is still compiling exactly-once's in every run, so its JIT
+# time is a cost of the benchmark's brevity, not of the records (docs/benchmarks.md,
 # "The broker's CPU by thread").
 BROKER_THREAD_GROUPS = ("requests", "jit", "gc")
 _BROKER_JIT = ("C1 CompilerThre", "C2 CompilerThre", "Sweeper thread")
@@ -230,14 +241,9 @@ def broker_cpu_by_thread_group(before: Mapping[int, tuple[str, float]],
     """The broker's CPU seconds between two ``thread_cpu`` snapshots of its JVM, by
     ``BROKER_THREAD_GROUPS``; "requests" is ``caused`` (all its threads, less its idle
     rate) less the JIT and the collector (never below 0)."""
-    spent = dict.fromkeys(BROKER_THREAD_GROUPS, 0.0)
-    for tid, (name, seconds) in after.items():
-        group = ("jit" if name.startswith(_BROKER_JIT)
-                 else "gc" if name.startswith(_BROKER_GC) else None)
-        if group is not None:
-            spent[group] += seconds - before.get(tid, (name, 0.0))[1]
-    spent["requests"] = max(caused - spent["jit"] - spent["gc"], 0.0)
-    return spent
+    return _split(before, after, caused, BROKER_THREAD_GROUPS, "requests",
+                  lambda tid, name: "jit" if name.startswith(_BROKER_JIT)
+                  else "gc" if name.startswith(_BROKER_GC) else None)
 
 
 def listening_pids(bootstrap: str) -> tuple[int, ...]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.broker_profile import category, lines, summarise
-from bench.common import broker_cpu_by_thread_group
+from bench.common import broker_cpu_by_thread_group, cpu_by_thread_group
 
 
 def test_the_jit_and_the_collector_are_told_apart_from_the_requests() -> None:
@@ -54,3 +54,13 @@ def test_the_table_orders_categories_by_the_first_mode() -> None:
                    "at_least_once": {"Produce": 4.0}})
     assert [row.split()[0] for row in table[1:]] == ["all", "Produce", "EndTxn"]
     assert table[1].split()[1:] == ["3.0", "4.0"]
+
+
+def test_the_process_splits_into_its_loop_librdkafka_and_the_rest() -> None:
+    before = {7: ("python", 1.0), 8: ("rdk:main", 0.5)}
+    after = {7: ("python", 1.6), 8: ("rdk:main", 0.7), 9: ("rdk:broker1", 0.1),
+             10: ("ThreadPool", 0.3)}
+    spent = cpu_by_thread_group(7, before, after, total=1.2)
+    assert spent["loop"] == pytest.approx(0.6)
+    assert spent["librdkafka"] == pytest.approx(0.3)
+    assert spent["other"] == pytest.approx(0.3)  # the total less both, ended threads too
