@@ -57,6 +57,12 @@ CLASSIC_ONLY = {
     "group.protocol.type": "it applies to the classic protocol only",
 }
 
+# auto.offset.reset: where a partition with no committed offset starts (librdkafka's
+# names for each end). The stage seeks there itself (service.stage.loop), so
+# "error" (fail the fetch) has nothing to act on and is refused.
+OFFSET_RESETS = {"earliest": False, "smallest": False, "beginning": False,
+                 "latest": True, "largest": True, "end": True}  # name -> at the end
+
 
 def _split(value: object) -> object:
     if isinstance(value, str):
@@ -125,7 +131,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _coherent(self) -> Self:
         problems = [*self._protected_overrides(), *self._timing_problems(),
-                    *self._protocol_problems()]
+                    *self._protocol_problems(), *self._reset_problems()]
         if self.dlq_topic and self.dlq_topic in self.input_topics:
             problems.append("TXSTAGE_DLQ_TOPIC must not be one of the input topics")
         if self.output_topic in self.input_topics:
@@ -151,6 +157,22 @@ class Settings(BaseSettings):
                 f"TXSTAGE_GROUP_PROTOCOL=consumer: {CLASSIC_ONLY[prop]}"
                 for section, props in (("kafka", self.kafka), ("consumer", self.consumer))
                 for prop in props if prop in CLASSIC_ONLY]
+
+    def _reset_problems(self) -> list[str]:
+        return [f"{PASSTHROUGH_PREFIXES[section]}auto.offset.reset={value.get_secret_value()} "
+                "cannot be used: a partition with no committed offset starts at "
+                "earliest (smallest, beginning) or latest (largest, end)"
+                for section, props in (("kafka", self.kafka), ("consumer", self.consumer))
+                if (value := props.get("auto.offset.reset")) is not None
+                and value.get_secret_value() not in OFFSET_RESETS]
+
+    @property
+    def starts_at_end(self) -> bool:
+        """A partition with no committed offset starts at the end of its log
+        (``auto.offset.reset`` latest); the default is its beginning. (The consumer
+        section wins over the kafka one, as in ``kafka_config.consumer_config``.)"""
+        value = self.consumer.get("auto.offset.reset") or self.kafka.get("auto.offset.reset")
+        return value is not None and OFFSET_RESETS.get(value.get_secret_value(), False)
 
     def _timing_problems(self) -> list[str]:
         # A transaction stays open about one commit interval; leave the

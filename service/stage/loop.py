@@ -93,8 +93,7 @@ class Loop:
         self.describe_requested = False  # set by SIGUSR1: log every partition's state
         # A waiting phase lasting longer than a transaction could is worth a warning.
         self._stalled_after_s = max(policy.transaction_timeout_s, 30.0) + 30.0
-        reset = str(settings.consumer.get("auto.offset.reset", "earliest"))
-        self._no_offset = OFFSET_END if "latest" in reset or "end" in reset else OFFSET_BEGINNING
+        self._no_offset = OFFSET_END if settings.starts_at_end else OFFSET_BEGINNING
 
     # --- one iteration ------------------------------------------------------------
 
@@ -458,7 +457,10 @@ class Loop:
         compaction, retention)."""
         partition.position = max(offset, 0)
         partition.seek_to = offset
-        partition.check_first = True
+        # Nothing committed and auto.offset.reset=latest: where the log ends is not
+        # known here, so the first record fetched sets the position (checked against
+        # 0 it would be sought again, to 0: the whole history).
+        partition.check_first = offset >= 0 or self._no_offset != OFFSET_END
         partition.seek_batch = self._batch  # what this batch holds was fetched before it
         partition.rechecked = None
         log.debug("partition.positioned", topic=partition.topic, partition=partition.partition,

@@ -10,12 +10,14 @@ in tests/unit/test_positioning.py)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
 
 from tests.harness.kafka import KafkaService, ProxiedKafka
 from tests.harness.proxy import Api
+from tests.harness.reading import read_topic
 from tests.integration.conftest import PARTITIONS, StageSetup
 from tests.integration.replicas import produce_inputs, wait_for
 
@@ -37,3 +39,20 @@ def test_a_seek_refused_before_the_fetcher_starts_lands_later(
     stage.wait_committed(60)
     stage.assert_exactly_once()
     assert replica.terminate() == 0
+
+
+def test_with_reset_latest_a_new_group_starts_at_the_end_of_the_input(stage: StageSetup) -> None:
+    # The old stage read auto.offset.reset from its masked settings (never "latest")
+    # and processed the whole history; sought to the end, it would then have sought
+    # offset 0 on checking its first record.
+    produce_inputs(stage.bootstrap, stage.input_topic, range(400), PARTITIONS)
+    replica = stage.replica("a", TXSTAGE_CONSUMER__AUTO_OFFSET_RESET="latest")
+    wait_for(replica.ready, 60, "every partition positioned", stage.logs)
+    time.sleep(3)  # a seek librdkafka deferred (not fetching yet) finds the end then
+    produce_inputs(stage.bootstrap, stage.input_topic, range(400, 600), PARTITIONS)
+    stage.wait_committed(60)
+    assert replica.terminate() == 0
+    outputs = read_topic(stage.bootstrap, stage.output_topic)
+    squares = sorted(int(record.value or b"0") for record in outputs)
+    assert squares == sorted(value * value for value in range(400, 600)), \
+        f"{len(squares)} outputs; the history's squares are below {400 * 400}"

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import cast
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from prometheus_client import CollectorRegistry
 
 from service.admin import OutputLimits
@@ -88,10 +95,11 @@ def batch(first: int, last: int) -> list[Message]:
     return [message(offset) for offset in range(first, last + 1)]
 
 
-def make_loop(consumer: ScriptedConsumer) -> tuple[Loop, RecordingCommitter, Partition]:
+def make_loop(consumer: ScriptedConsumer,
+              **env: str) -> tuple[Loop, RecordingCommitter, Partition]:
     settings = load_settings({"TXSTAGE_BOOTSTRAP_SERVERS": "127.0.0.1:9", "TXSTAGE_GROUP_ID": "g",
                               "TXSTAGE_INPUT_TOPICS": TOPIC, "TXSTAGE_OUTPUT_TOPIC": "out",
-                              "TXSTAGE_TRANSFORM": "service.examples.square:square"})
+                              "TXSTAGE_TRANSFORM": "service.examples.square:square", **env})
     committer = RecordingCommitter()
     limits = cast(OutputLimits, SimpleNamespace(lookup=lambda topic: 1_000_000))
     loop = Loop(settings, square, Metrics(CollectorRegistry()), Health(), limits,
@@ -158,6 +166,35 @@ def test_a_gap_that_persists_after_seeking_again_is_accepted() -> None:
     loop.iterate()
     assert committer.written == [2811, 2812, 2813]
     assert consumer.calls.count(("seek", 2810)) == 2
+
+
+def test_with_nothing_committed_and_reset_latest_the_log_end_is_where_it_starts() -> None:
+    # The old loop read auto.offset.reset from the settings' masked value (never
+    # "latest") and sought the beginning; and had it sought the end, the first record
+    # fetched there was checked against position 0 and sought again: to offset 0.
+    consumer = ScriptedConsumer(batches=[batch(4283, 4285), batch(4286, 4287)])
+    loop, committer, partition = make_loop(consumer, TXSTAGE_CONSUMER__AUTO_OFFSET_RESET="latest")
+    positioned(loop, partition, -1001)  # OFFSET_INVALID: nothing committed
+    assert consumer.calls[0] == ("seek", OFFSET_END)
+    loop.iterate()
+    loop.iterate()
+    assert committer.written == [4283, 4284, 4285, 4286, 4287]
+    assert [call for call in consumer.calls if call[0] == "seek"] == [("seek", OFFSET_END)]
+
+
+def test_with_nothing_committed_and_reset_earliest_the_first_record_is_still_checked() -> None:
+    # The fetcher may start at librdkafka's stale application position; from the
+    # beginning, 0 is a bound it must not be beyond (retention: it is sought again
+    # once, then the gap is accepted).
+    consumer = ScriptedConsumer(batches=[batch(4283, 4285), batch(100, 101)])
+    loop, committer, partition = make_loop(consumer)
+    positioned(loop, partition, -1001)
+    assert consumer.calls[0] == ("seek", OFFSET_BEGINNING)
+    loop.iterate()
+    assert committer.written == []
+    assert consumer.calls[-1] == ("seek", 0)
+    loop.iterate()
+    assert committer.written == [100, 101]
 
 
 def test_flowing_records_are_written_unnamed_and_records_under_isolation_named() -> None:

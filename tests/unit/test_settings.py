@@ -89,12 +89,33 @@ def test_transactional_producers_do_not_rebootstrap_unless_told_to() -> None:
         ("TXSTAGE_COMMIT_INTERVAL_MS", "30000", "at most a tenth of TXSTAGE_TRANSACTION_TIMEOUT"),
         ("TXSTAGE_GUARANTEE", "maybe_once", "TXSTAGE_GUARANTEE"),
         ("TXSTAGE_OUTPUT_TOPIC", "in-a", "must not be one of the input topics"),
+        ("TXSTAGE_CONSUMER__AUTO_OFFSET_RESET", "error",
+         "TXSTAGE_CONSUMER__auto.offset.reset=error cannot be used"),
+        ("TXSTAGE_KAFKA__AUTO_OFFSET_RESET", "newest", "auto.offset.reset=newest cannot be used"),
     ],
 )
 def test_bad_settings_are_named(name: str, value: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings({**BASE, name: value})
     assert any(fragment in problem for problem in caught.value.problems), caught.value.problems
+
+
+@pytest.mark.parametrize(("env", "at_end"), [
+    ({}, False),
+    ({"TXSTAGE_CONSUMER__AUTO_OFFSET_RESET": "latest"}, True),
+    ({"TXSTAGE_KAFKA__AUTO_OFFSET_RESET": "largest"}, True),
+    ({"TXSTAGE_CONSUMER__AUTO_OFFSET_RESET": "smallest"}, False),
+    ({"TXSTAGE_KAFKA__AUTO_OFFSET_RESET": "end",
+      "TXSTAGE_CONSUMER__AUTO_OFFSET_RESET": "earliest"}, False),  # the consumer's wins
+])
+def test_where_a_partition_with_nothing_committed_starts(env: dict[str, str],
+                                                         at_end: bool) -> None:
+    # The loop once read the masked value (SecretStr), so "latest" was never seen.
+    settings = load_settings({**BASE, **env})
+    assert settings.starts_at_end is at_end
+    assert consumer_config(settings)["auto.offset.reset"] == (
+        env.get("TXSTAGE_CONSUMER__AUTO_OFFSET_RESET")
+        or env.get("TXSTAGE_KAFKA__AUTO_OFFSET_RESET", "earliest"))
 
 
 def test_every_problem_gets_its_own_line() -> None:
