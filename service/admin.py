@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from confluent_kafka import (
     Consumer,
+    IsolationLevel,
     KafkaError,
     KafkaException,
     Producer,
@@ -17,6 +18,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from service.errors import (
     DENIALS,
@@ -32,6 +34,8 @@ from service.logs import librdkafka_logger
 
 _TIMEOUT_S = 15.0
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's producer default
+_EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+_LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 
 
 # Admin answers that say "not now" rather than "no": the cluster is moving, slow or down.
@@ -232,6 +236,28 @@ class Cluster:
         with self._lock:
             if self._offset_readers.get((group_id, stable)) is stale:
                 del self._offset_readers[(group_id, stable)]
+
+    def log_offsets(self, keys: Sequence[tuple[str, int]], *, timeout_s: float = _TIMEOUT_S
+                    ) -> dict[tuple[str, int], tuple[int, int]]:
+        """Each partition's log start and last stable offset (ListOffsets: earliest,
+        and latest as read_committed sees it). A partition either is not answered
+        for is left out: the caller asks again later."""
+        start = self._list_offsets(keys, _EARLIEST, IsolationLevel.READ_UNCOMMITTED, timeout_s)
+        stable = self._list_offsets(keys, _LATEST, IsolationLevel.READ_COMMITTED, timeout_s)
+        return {key: (start[key], stable[key]) for key in keys if key in start and key in stable}
+
+    def _list_offsets(self, keys: Sequence[tuple[str, int]], spec: OffsetSpec,
+                      isolation: IsolationLevel, timeout_s: float) -> dict[tuple[str, int], int]:
+        request = {TopicPartition(topic, partition): spec for topic, partition in keys}
+        futures = self._admin.list_offsets(request, isolation_level=isolation,
+                                           request_timeout=timeout_s)
+        found: dict[tuple[str, int], int] = {}
+        for tp, future in futures.items():
+            try:
+                found[(tp.topic, tp.partition)] = int(future.result(timeout_s).offset)
+            except (KafkaException, TimeoutError):
+                continue
+        return found
 
     def topic_config(self, topic: str) -> dict[str, str]:
         with self._lock:

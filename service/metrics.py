@@ -10,6 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 
+import confluent_kafka
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -152,6 +153,11 @@ class Metrics:
             "Pinned producers fenced by a newer owner of their transactional.id",
             registry=registry,
         )
+        self.fetch_stalls = Counter(
+            "txstage_fetch_stalls",
+            "Partitions found unfetched though Kafka held committed records past their "
+            "position; each one's fetcher was restarted", registry=registry,
+        )
         self.rebalances = Counter(
             "txstage_rebalances",
             "Rebalance callbacks, by kind", ["kind"], registry=registry,
@@ -215,4 +221,5 @@ class Metrics:
             self.end_to_end_seconds.labels(record=record)
 
     def describe_build(self, guarantee: str, group_id: str) -> None:
-        self.info.info({"version": __version__, "guarantee": guarantee, "group_id": group_id})
+        self.info.info({"version": __version__, "guarantee": guarantee, "group_id": group_id,
+                        "librdkafka": confluent_kafka.libversion()[0]})

@@ -4,6 +4,7 @@
     loop.py          consume a batch, process it, carry out the state machine's actions
     state.py         a partition's state and every legal transition (pure)
     jobs.py          the Kafka calls that wait, run beside the loop
+    fetch_watch.py   a partition librdkafka left unfetched: noticed, fetched again
     committer.py     what the loop needs from a guarantee:
       exactly_once.py    pinned transactional producers
       at_least_once.py   one idempotent producer, offsets after delivery

@@ -16,6 +16,7 @@ import time
 from collections import Counter as Tally
 from collections.abc import Iterable
 from concurrent.futures import Future
+from typing import cast
 
 import structlog
 from confluent_kafka import (
@@ -57,6 +58,7 @@ from service.records import Output, Record, Transform
 from service.settings import Settings
 from service.stage import state as sm
 from service.stage.committer import Committer, Job
+from service.stage.fetch_watch import FetchWatch
 from service.stage.jobs import Jobs
 from service.stage.partition import Partition, TopicPartitionKey
 
@@ -90,6 +92,8 @@ class Loop:
         self._batch = 0  # consume() calls so far
         self._assigning_since: float | None = None
         self._transform_seconds = metrics.transform_seconds.observe
+        self.fetch_watch = FetchWatch(settings.fetch_stall_s)
+        self._fetch_check: tuple[dict[TopicPartitionKey, int], Future[object]] | None = None
         self.describe_requested = False  # set by SIGUSR1: log every partition's state
         # A waiting phase lasting longer than a transaction could is worth a warning.
         self._stalled_after_s = max(policy.transaction_timeout_s, 30.0) + 30.0
@@ -102,6 +106,8 @@ class Loop:
         self._batch += 1
         messages = self.consumer.consume(self.settings.batch_size,
                                          self.settings.poll_timeout_ms / 1000)
+        if len(messages) < self.settings.batch_size:
+            self.fetch_watch.short_batches += 1  # librdkafka's queue ran dry
         self.raise_recorded()
         now = time.monotonic()
         self.settle(now)
@@ -456,7 +462,7 @@ class Loop:
         seek is made once more (a gap that persists is real: transaction markers,
         compaction, retention)."""
         partition.position = max(offset, 0)
-        partition.seek_to = offset
+        partition.seek_to = partition.sought = offset
         # Nothing committed and auto.offset.reset=latest: where the log ends is not
         # known here, so the first record fetched sets the position (checked against
         # 0 it would be sought again, to 0: the whole history).
@@ -609,6 +615,8 @@ class Loop:
         self._next_housekeeping = now + _HOUSEKEEPING_EVERY_S
         self.report_partitions()
         self._watch_stalls(now)
+        if self.fetch_watch.stall_after_s:
+            self._watch_fetching(now)
         self.metrics.oldest_open_transaction.set(
             max((p.state.age(now) for p in self.partitions.values()), default=0))
         for partition in self.partitions.values():
@@ -636,6 +644,52 @@ class Loop:
             if now - partition.phase_since > self._stalled_after_s:
                 partition.stalled_warned = True
                 log.warning("partition.stalled", **partition.describe(now))
+
+    def _watch_fetching(self, now: float) -> None:
+        """Restart the fetcher of a partition librdkafka left unfetched: see
+        fetch_watch.py. Kafka is asked beside the loop, one question at a time."""
+        watch = self.fetch_watch
+        if self._fetch_check is not None:
+            asked, future = self._fetch_check
+            if not future.done():
+                return
+            self._fetch_check = None
+            offsets = cast("dict[TopicPartitionKey, tuple[int, int]]", future.result() or {})
+            for key in watch.stalled(asked, offsets, now):
+                partition = self.partitions.get(key)
+                if partition is not None and self._should_fetch(partition):
+                    self._restart_fetch(partition, offsets[key])
+        idle = watch.idle(((p.key, p.position) for p in self.partitions.values()
+                           if self._should_fetch(p)), now)
+        if idle:
+            cluster, keys = self.limits.cluster, list(idle)
+            self._fetch_check = (idle, self.jobs.spawn(
+                lambda: cluster.log_offsets(keys, timeout_s=_STABLE_READ_S)))
+
+    def _should_fetch(self, partition: Partition) -> bool:
+        """Nothing but librdkafka stands between the partition and its next record:
+        ACTIVE, no pause, no seek pending, nothing held or running; and its position
+        known (from the end of a log, with nothing committed, it is not until the first
+        record arrives)."""
+        state = partition.state
+        return state.phase is sm.Phase.ACTIVE and not state.pauses \
+            and partition.seek_to is None and not partition.releasing \
+            and not partition.held and partition.job is None \
+            and not (partition.sought < 0 and partition.position == 0
+                     and self._no_offset == OFFSET_END)
+
+    def _restart_fetch(self, partition: Partition, offsets: tuple[int, int]) -> None:
+        start, stable = offsets
+        log.warning("partition.fetch_stalled", topic=partition.topic,
+                    partition=partition.partition, position=partition.position,
+                    log_start=start, last_stable_offset=stable,
+                    note="nothing fetched though Kafka holds committed records past the "
+                         "position: the fetcher is restarted (pause, resume, seek)")
+        self.metrics.fetch_stalls.inc()
+        unknown = partition.sought < 0 and partition.position == 0  # from the log's start
+        self.consumer.pause([partition.tp])
+        self.consumer.resume([partition.tp])
+        self._seek(partition, partition.sought if unknown else partition.position)
 
     # --- partitions coming and going (called by the rebalance listener) ----------
 

@@ -38,6 +38,7 @@ class Partition:
         "saved",
         "seek_batch",
         "seek_to",
+        "sought",
         "stalled_warned",
         "tp",
         "waiting_topic",
@@ -59,6 +60,7 @@ class Partition:
         # stays paused); then whether its first record is still to be checked (it must be
         # at ``position``).
         self.seek_to: int | None = None
+        self.sought = -1                  # the offset last sought (< 0: none was committed)
         self.check_first = False
         self.rechecked: int | None = None  # the first record's offset, from beyond position
         self.seek_batch = -1              # the consume() batch a seek was made in

@@ -7,6 +7,7 @@ import re
 import signal
 from pathlib import Path
 
+import confluent_kafka
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -48,7 +49,7 @@ def test_counters_match_what_was_sent_and_read(stage: StageSetup) -> None:
     assert get("txstage_rebalances_total", kind="assigned") >= 1
     assert get("txstage_producer_init_seconds_count") == PARTITIONS
     assert get("txstage_build_info", version="0.1.0", guarantee="exactly_once",
-               group_id=stage.group_id) == 1
+               group_id=stage.group_id, librdkafka=confluent_kafka.libversion()[0]) == 1
     wait_for(lambda: value(replica, "txstage_consumer_lag", topic=stage.input_topic,
                            partition="0") == 0, 10, "lag to read 0")
     assert replica.terminate() == 0

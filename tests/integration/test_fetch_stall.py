@@ -1,0 +1,68 @@
+"""A partition librdkafka leaves unfetched is noticed and fetched again.
+
+librdkafka#5591 (open) ends with an assigned partition paused inside librdkafka while
+the application believes it resumed: nothing is fetched, nothing is said. A
+benchmark replica here once sat like that for good (docs/benchmarks.md). The race
+cannot be started on demand, so this test makes its end state on a real broker: it
+pauses one partition in the stage's own consumer behind the stage's back, from
+another thread, then writes more input. The stage runs in this process, so the test
+can reach its consumer. Without the fetch watch (``TXSTAGE_FETCH_STALL_S=0``, or the
+code before it) that partition never moves again and the wait below times out.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from confluent_kafka import TopicPartition
+from prometheus_client import CollectorRegistry
+
+from service.admin import Cluster, OutputLimits
+from service.checks import check_cluster, producer_max_bytes
+from service.health import Health
+from service.kafka_config import admin_config
+from service.metrics import Metrics
+from service.settings import load_settings
+from service.stage import Stage
+from service.transform import load_transform
+from tests.integration.conftest import PARTITIONS, StageSetup
+from tests.integration.replicas import produce_inputs, wait_for
+
+pytestmark = pytest.mark.kafka
+
+WEDGED = 3
+
+
+def test_a_partition_librdkafka_leaves_unfetched_is_fetched_again(stage: StageSetup) -> None:
+    settings = load_settings({**stage.env, "TXSTAGE_FETCH_STALL_S": "2",
+                              "TXSTAGE_COMMIT_INTERVAL_MS": "100"})
+    cluster = Cluster(admin_config(settings))
+    check_cluster(settings, cluster, wait_s=30)
+    metrics = Metrics(CollectorRegistry())
+    replica = Stage(settings, load_transform(settings.transform), metrics, Health(),
+                    OutputLimits(cluster, producer_max_bytes(settings), blocking=False),
+                    session_timeout_s=6.0)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            replica.run()
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="stage", daemon=True)
+    thread.start()
+    try:
+        produce_inputs(stage.bootstrap, stage.input_topic, range(400), PARTITIONS)
+        wait_for(stage.committed, 60, "the first input committed", stage.diagnose)
+        replica.consumer.pause([TopicPartition(stage.input_topic, WEDGED)])
+        produce_inputs(stage.bootstrap, stage.input_topic, range(400, 800), PARTITIONS)
+        wait_for(stage.committed, 60, f"partition {WEDGED} fetched again", stage.diagnose)
+        assert metrics.fetch_stalls._value.get() >= 1
+        assert not failed, failed
+    finally:
+        replica.stop()
+        thread.join(60)
+    assert not thread.is_alive() and not failed, failed
+    stage.assert_exactly_once()
