@@ -13,12 +13,15 @@ The watch looks at the outcome, not the cause. A partition that should be fetchi
 its position has not moved for ``TXSTAGE_FETCH_STALL_S`` while ``consume()`` came
 back short of a full batch at least twice meanwhile: its records are not waiting in
 librdkafka's queue behind other partitions' (a slow transform keeps batches full).
-For idle partitions the loop asks Kafka, beside the loop, for the last stable
-offset (ListOffsets, read_committed). Past the position means Kafka holds committed
-records the partition never received: it is *stalled*, and the loop restarts its
-fetcher (pause, resume, seek to the position) and says so. A partition that stays
-stalled is asked about again after twice the wait, up to an hour; an idle partition
-that is simply at the end of its input is asked about once per wait.
+For idle partitions the loop asks Kafka, beside the loop, for the log start and the
+last stable offset (ListOffsets, read_committed). Committed records past the
+position make the partition a *suspect*: they may have been written a moment ago
+and be on their way. It is asked about again ``CONFIRM_S`` later (the queue having
+run dry twice more); still at that position with the records the first answer
+showed still not received, it is *stalled*, and the loop restarts its fetcher
+(pause, resume, seek to the position) and says so. A partition that stays stalled
+is looked at again after twice the wait, up to an hour; an idle partition that is
+simply at the end of its input is asked about once per wait.
 
 Pure bookkeeping: the loop supplies the partitions, the clock and Kafka's answers.
 """
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 Key = tuple[str, int]
 
 MAX_WAIT_S = 3600.0
+CONFIRM_S = 5.0    # from a suspect's first answer to the one that confirms it (at most)
 SHORT_BATCHES = 2  # consume() calls that drained librdkafka's queue while idle
 
 
@@ -40,6 +44,11 @@ class _Seen:
     since: float     # when the position was last seen to move (or was last asked about)
     short: int       # FetchWatch.short_batches then
     wait_s: float    # how long it must stay put before it is asked about
+    suspect: int | None = None  # Kafka's last stable offset then, past the position
+
+    def due(self) -> float:
+        return self.since + (min(CONFIRM_S, self.wait_s) if self.suspect is not None
+                             else self.wait_s)
 
 
 class FetchWatch:
@@ -48,19 +57,22 @@ class FetchWatch:
         self.short_batches = 0  # consume() calls that returned less than a full batch
         self._seen: dict[Key, _Seen] = {}
 
-    def idle(self, fetching: Iterable[tuple[Key, int]], now: float) -> dict[Key, int]:
-        """Of the partitions that should be fetching, as (key, position), those whose
-        position has stayed put long enough to ask Kafka about: key -> position.
-        A partition not among ``fetching`` is forgotten (its wait starts again)."""
+    def idle(self, partitions: Iterable[tuple[Key, int, bool]], now: float) -> dict[Key, int]:
+        """Of the partitions, as (key, position, whether it should be fetching now),
+        those whose position has stayed put long enough to ask Kafka about: key ->
+        position. One that should not be fetching now (paused, committing, seeking)
+        waits again from now; one not among ``partitions`` is forgotten. A moved
+        position starts afresh."""
         seen: dict[Key, _Seen] = {}
         idle: dict[Key, int] = {}
-        for key, position in fetching:
+        for key, position, fetching in partitions:
             known = self._seen.get(key)
             if known is None or known.position != position:
                 known = _Seen(position, now, self.short_batches, self.stall_after_s)
             seen[key] = known
-            if now - known.since >= known.wait_s \
-                    and self.short_batches - known.short >= SHORT_BATCHES:
+            if not fetching:
+                known.since, known.short, known.suspect = now, self.short_batches, None
+            elif now >= known.due() and self.short_batches - known.short >= SHORT_BATCHES:
                 idle[key] = position
         self._seen = seen
         return idle
@@ -68,18 +80,24 @@ class FetchWatch:
     def stalled(self, asked: Mapping[Key, int], offsets: Mapping[Key, tuple[int, int]],
                 now: float) -> list[Key]:
         """Kafka's answer for the partitions ``asked`` about (key -> position then),
-        ``offsets``: key -> (log start, last stable offset). Stalled: still at that
-        position, with committed records past it (records below the log start are
-        gone: from before it, fetching starts there). Every partition asked about waits
-        again from now; a stalled one twice as long as before."""
+        ``offsets``: key -> (log start, last stable offset). Committed records past
+        the position (below the log start they are gone: fetching starts there) make
+        a suspect; a suspect whose records of the previous answer are still not
+        received is stalled. Every partition asked about waits again from now; a
+        stalled one twice as long as before."""
         stalled = []
         for key, position in asked.items():
             known = self._seen.get(key)
             if known is None or known.position != position:
                 continue  # it moved (or went) while Kafka was asked
             answer = offsets.get(key)
-            if answer is not None and answer[1] > max(position, answer[0]):
-                stalled.append(key)
-                known.wait_s = min(known.wait_s * 2, MAX_WAIT_S)
+            if answer is not None:
+                start, stable = answer
+                if known.suspect is not None and known.suspect > max(position, start):
+                    stalled.append(key)
+                    known.wait_s = min(known.wait_s * 2, MAX_WAIT_S)
+                    known.suspect = None
+                else:
+                    known.suspect = stable if stable > max(position, start) else None
             known.since, known.short = now, self.short_batches
         return stalled

@@ -659,8 +659,8 @@ class Loop:
                 partition = self.partitions.get(key)
                 if partition is not None and self._should_fetch(partition):
                     self._restart_fetch(partition, offsets[key])
-        idle = watch.idle(((p.key, p.position) for p in self.partitions.values()
-                           if self._should_fetch(p)), now)
+        idle = watch.idle(((p.key, p.position, self._should_fetch(p))
+                           for p in self.partitions.values()), now)
         if idle:
             cluster, keys = self.limits.cluster, list(idle)
             self._fetch_check = (idle, self.jobs.spawn(

@@ -26,8 +26,8 @@ from service.metrics import Metrics
 from service.settings import load_settings
 from service.stage import Stage
 from service.transform import load_transform
-from tests.integration.conftest import PARTITIONS, StageSetup
-from tests.integration.replicas import produce_inputs, wait_for
+from tests.integration.conftest import PARTITIONS, StageSetup, long_transactions
+from tests.integration.replicas import produce_inputs, value, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -65,4 +65,19 @@ def test_a_partition_librdkafka_leaves_unfetched_is_fetched_again(stage: StageSe
         replica.stop()
         thread.join(60)
     assert not thread.is_alive() and not failed, failed
+    stage.assert_exactly_once()
+
+
+def test_records_queued_behind_a_slow_transform_are_not_taken_for_a_stall(
+        stage: StageSetup) -> None:
+    # The pair: the watch's wait (1 s) far shorter than a partition waits for its turn
+    # behind the others' records (8 batches of 500 at 1 ms a record). While consume()
+    # comes back full, positions standing still say nothing: no fetcher is restarted.
+    produce_inputs(stage.bootstrap, stage.input_topic, range(6000), PARTITIONS)
+    replica = stage.replica("a", TXSTAGE_FETCH_STALL_S="1",
+                            **long_transactions(delay_ms=1, commit_interval_ms=100))
+    stage.wait_committed(120)
+    assert value(replica, "txstage_fetch_stalls_total") == 0, stage.logs()
+    assert not replica.events("partition.fetch_stalled")
+    assert replica.terminate() == 0
     stage.assert_exactly_once()

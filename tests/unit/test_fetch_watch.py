@@ -7,7 +7,7 @@ import time
 from types import SimpleNamespace
 
 from service.stage import state as sm
-from service.stage.fetch_watch import MAX_WAIT_S, FetchWatch
+from service.stage.fetch_watch import CONFIRM_S, MAX_WAIT_S, FetchWatch
 from tests.unit.test_positioning import ScriptedConsumer, make_loop, positioned
 
 P0, P1 = ("in", 0), ("in", 1)
@@ -19,98 +19,126 @@ def watch_with(short_batches: int = 10) -> FetchWatch:
     return watch
 
 
+def at(*positions: tuple[tuple[str, int], int]) -> list[tuple[tuple[str, int], int, bool]]:
+    """Partitions that should be fetching, at these positions."""
+    return [(key, position, True) for key, position in positions]
+
+
+def asked_twice(watch: FetchWatch, key: tuple[str, int], position: int, now: float,
+                answer: tuple[int, int], then: tuple[int, int]) -> tuple[list[object], float]:
+    """Kafka asked about an idle partition, then (a suspect) asked again: the
+    stalled partitions of each answer, and when the second came."""
+    watch.short_batches += 2
+    first = watch.stalled(watch.idle(at((key, position)), now), {key: answer}, now)
+    watch.short_batches += 2
+    confirm = next(now + s / 10 for s in range(1, 100_000)
+                   if watch.idle(at((key, position)), now + s / 10))
+    second = watch.stalled({key: position}, {key: then}, confirm)
+    return [first, second], confirm
+
+
 def test_a_partition_is_idle_once_its_position_stays_put_for_the_wait() -> None:
     watch = watch_with()
-    assert watch.idle([(P0, 50)], now=0.0) == {}
+    assert watch.idle(at((P0, 50)), now=0.0) == {}
     watch.short_batches += 2
-    assert watch.idle([(P0, 50)], now=29.9) == {}
-    assert watch.idle([(P0, 50)], now=30.0) == {P0: 50}
+    assert watch.idle(at((P0, 50)), now=29.9) == {}
+    assert watch.idle(at((P0, 50)), now=30.0) == {P0: 50}
 
 
 def test_a_moving_position_starts_the_wait_again() -> None:
     watch = watch_with()
-    watch.idle([(P0, 50)], now=0.0)
+    watch.idle(at((P0, 50)), now=0.0)
     watch.short_batches += 2
-    assert watch.idle([(P0, 51)], now=30.0) == {}
-    assert watch.idle([(P0, 51)], now=59.9) == {}
-    assert watch.idle([(P0, 51)], now=60.0) == {}  # no short batch since it moved
+    assert watch.idle(at((P0, 51)), now=30.0) == {}
+    assert watch.idle(at((P0, 51)), now=59.9) == {}
+    assert watch.idle(at((P0, 51)), now=60.0) == {}  # no short batch since it moved
     watch.short_batches += 2
-    assert watch.idle([(P0, 51)], now=60.0) == {P0: 51}
+    assert watch.idle(at((P0, 51)), now=60.0) == {P0: 51}
 
 
 def test_full_batches_mean_its_records_may_be_queued_behind_others() -> None:
     # A slow transform: every consume() returns a full batch, so a partition can wait
     # minutes for its turn with its records already fetched.
     watch = watch_with()
-    watch.idle([(P0, 50)], now=0.0)
+    watch.idle(at((P0, 50)), now=0.0)
     watch.short_batches += 1
-    assert watch.idle([(P0, 50)], now=300.0) == {}
+    assert watch.idle(at((P0, 50)), now=300.0) == {}
     watch.short_batches += 1
-    assert watch.idle([(P0, 50)], now=301.0) == {P0: 50}
+    assert watch.idle(at((P0, 50)), now=301.0) == {P0: 50}
 
 
-def test_a_partition_that_stops_being_fetchable_is_forgotten() -> None:
-    # Paused, committing, seeking: its wait starts again when it is back.
+def test_a_partition_that_should_not_be_fetching_waits_again_and_a_gone_one_is_forgotten(
+) -> None:
     watch = watch_with()
-    watch.idle([(P0, 50), (P1, 7)], now=0.0)
+    watch.idle(at((P0, 50), (P1, 7)), now=0.0)
     watch.short_batches += 2
-    assert watch.idle([(P1, 7)], now=10.0) == {}
-    assert watch.idle([(P0, 50), (P1, 7)], now=30.0) == {P1: 7}
-    assert watch.idle([(P0, 50), (P1, 7)], now=40.0) == {P1: 7}
+    assert watch.idle([(P0, 50, False), (P1, 7, True)], now=10.0) == {}  # P0 paused
+    assert watch.idle(at((P0, 50), (P1, 7)), now=30.0) == {P1: 7}
+    assert watch.idle(at((P0, 50), (P1, 7)), now=39.9) == {P1: 7}
     watch.short_batches += 2
-    assert watch.idle([(P0, 50), (P1, 7)], now=40.0) == {P1: 7}  # P0 since 30.0
+    assert watch.idle(at((P0, 50), (P1, 7)), now=40.0) == {P0: 50, P1: 7}
+    watch.idle(at((P1, 7)), now=41.0)  # P0 released
+    watch.short_batches += 2
+    assert watch.idle(at((P0, 50), (P1, 7)), now=70.0) == {P1: 7}  # P0 anew
 
 
-def test_stalled_means_committed_records_past_the_position() -> None:
+def test_stalled_means_the_records_kafka_showed_are_still_not_received() -> None:
+    # The first answer makes a suspect: those records may have been written a moment
+    # ago. The second, CONFIRM_S later, finds the position where it was.
     watch = watch_with()
-    watch.idle([(P0, 50), (P1, 7)], now=0.0)
+    watch.idle(at((P0, 50)), now=0.0)
+    (first, second), confirm = asked_twice(watch, P0, 50, 30.0, (0, 90), (0, 95))
+    assert first == [] and second == [P0]
+    assert confirm == 30.0 + CONFIRM_S
+
+
+def test_records_received_meanwhile_clear_the_suspect() -> None:
+    watch = watch_with()
+    watch.idle(at((P0, 50)), now=0.0)
     watch.short_batches += 2
-    asked = watch.idle([(P0, 50), (P1, 7)], now=30.0)
-    # P0: at the last stable offset (the end of its committed input); P1: behind it.
-    assert watch.stalled(asked, {P0: (0, 50), P1: (0, 9)}, now=31.0) == [P1]
+    asked = watch.idle(at((P0, 50)), now=30.0)
+    assert watch.stalled(asked, {P0: (0, 90)}, now=30.0) == []
+    watch.short_batches += 2
+    assert watch.idle(at((P0, 90)), now=35.0) == {}  # they arrived: nothing to ask
+    assert watch.stalled(asked, {P0: (0, 90)}, now=35.0) == []  # an answer to old news
+
+
+def test_a_partition_at_the_end_of_its_input_is_no_suspect() -> None:
+    watch = watch_with()
+    watch.idle(at((P0, 50), (P1, 7)), now=0.0)
+    for key, position in ((P0, 50), (P1, 7)):
+        (first, second), confirm = asked_twice(watch, key, position, 30.0, (0, position),
+                                               (0, position))
+        assert first == second == []
+        assert confirm == 60.0  # once per wait, no confirming
 
 
 def test_records_below_the_log_start_are_gone_not_waiting() -> None:
     # Nothing committed, read from the beginning: position 0, retention deleted
     # everything below 40, and 40 is the end: nothing to fetch.
     watch = watch_with()
-    watch.idle([(P0, 0)], now=0.0)
-    watch.short_batches += 2
-    asked = watch.idle([(P0, 0)], now=30.0)
-    assert watch.stalled(asked, {P0: (40, 40)}, now=31.0) == []
-    assert watch.stalled(asked, {P0: (40, 41)}, now=31.0) == [P0]
-
-
-def test_a_partition_that_moved_while_kafka_was_asked_is_not_stalled() -> None:
+    watch.idle(at((P0, 0)), now=0.0)
+    (first, second), _ = asked_twice(watch, P0, 0, 30.0, (40, 40), (40, 40))
+    assert first == second == []
     watch = watch_with()
-    watch.idle([(P0, 50)], now=0.0)
-    watch.short_batches += 2
-    asked = watch.idle([(P0, 50)], now=30.0)
-    watch.idle([(P0, 60)], now=30.5)
-    assert watch.stalled(asked, {P0: (0, 90)}, now=31.0) == []
+    watch.idle(at((P0, 0)), now=0.0)
+    (first, second), _ = asked_twice(watch, P0, 0, 30.0, (40, 41), (40, 41))
+    assert second == [P0]
 
 
-def test_each_answer_restarts_the_wait_and_a_stall_doubles_it_up_to_an_hour() -> None:
+def test_each_stall_doubles_the_wait_up_to_an_hour() -> None:
     watch = watch_with()
-    watch.idle([(P0, 50)], now=0.0)
+    watch.idle(at((P0, 50)), now=0.0)
     now, waits = 0.0, []
     for _ in range(10):
         watch.short_batches += 2
-        wait = next(s for s in range(1, 10_000) if watch.idle([(P0, 50)], now=now + s))
+        wait = next(s for s in range(1, 10_000) if watch.idle(at((P0, 50)), now=now + s))
         waits.append(wait)
         now += wait
-        assert watch.stalled({P0: 50}, {P0: (0, 90)}, now=now) == [P0]
+        (first, second), now = asked_twice(watch, P0, 50, now, (0, 90), (0, 90))
+        assert first == [] and second == [P0]
     assert waits[:5] == [30, 60, 120, 240, 480]
     assert waits[-1] == MAX_WAIT_S
-    # An idle partition at the end of its input is asked about once per wait.
-    at_end = watch_with()
-    at_end.idle([(P1, 7)], now=0.0)
-    at_end.short_batches += 2
-    asked = at_end.idle([(P1, 7)], now=30.0)
-    assert at_end.stalled(asked, {P1: (0, 7)}, now=30.0) == []
-    at_end.short_batches += 2
-    assert at_end.idle([(P1, 7)], now=59.0) == {}
-    assert at_end.idle([(P1, 7)], now=60.0) == {P1: 7}
 
 
 def test_the_loop_restarts_the_fetcher_of_a_stalled_partition_at_its_position() -> None:
@@ -135,8 +163,16 @@ def test_the_loop_restarts_the_fetcher_of_a_stalled_partition_at_its_position() 
     loop.tick(start + 31)   # idle for the wait: Kafka is asked beside the loop
     assert loop._fetch_check is not None
     loop._fetch_check[1].result(5)
-    loop.tick(start + 32)   # Kafka holds records up to 4000: restart the fetcher
-    assert asked == [[("in", 0)]]
+    loop.tick(start + 32)   # Kafka holds records up to 4000: a suspect
+    assert consumer.calls == []
+    for _ in range(2):
+        loop.iterate()      # the queue runs dry again
+    consumer.calls.clear()
+    loop.tick(start + 37)   # asked again, CONFIRM_S later
+    assert loop._fetch_check is not None
+    loop._fetch_check[1].result(5)
+    loop.tick(start + 38)   # still not received: restart the fetcher
+    assert asked == [[("in", 0)], [("in", 0)]]
     assert consumer.calls == [("pause", 0), ("resume", 0), ("seek", 2810)]
     assert partition.check_first and partition.position == 2810
     assert loop.metrics.fetch_stalls._value.get() == 1
