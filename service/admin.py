@@ -34,7 +34,6 @@ from service.logs import librdkafka_logger
 
 _TIMEOUT_S = 15.0
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's producer default
-_EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
 _LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 
 
@@ -237,14 +236,11 @@ class Cluster:
             if self._offset_readers.get((group_id, stable)) is stale:
                 del self._offset_readers[(group_id, stable)]
 
-    def log_offsets(self, keys: Sequence[tuple[str, int]], *, timeout_s: float = _TIMEOUT_S
-                    ) -> dict[tuple[str, int], tuple[int, int]]:
-        """Each partition's log start and last stable offset (ListOffsets: earliest,
-        and latest as read_committed sees it). A partition either is not answered
-        for is left out: the caller asks again later."""
-        start = self._list_offsets(keys, _EARLIEST, IsolationLevel.READ_UNCOMMITTED, timeout_s)
-        stable = self._list_offsets(keys, _LATEST, IsolationLevel.READ_COMMITTED, timeout_s)
-        return {key: (start[key], stable[key]) for key in keys if key in start and key in stable}
+    def high_watermarks(self, keys: Sequence[tuple[str, int]], *,
+                        timeout_s: float = _TIMEOUT_S) -> dict[tuple[str, int], int]:
+        """Each partition's high watermark (ListOffsets, latest). A partition not
+        answered for is left out: the caller asks again later."""
+        return self._list_offsets(keys, _LATEST, IsolationLevel.READ_UNCOMMITTED, timeout_s)
 
     def _list_offsets(self, keys: Sequence[tuple[str, int]], spec: OffsetSpec,
                       isolation: IsolationLevel, timeout_s: float) -> dict[tuple[str, int], int]:

@@ -45,7 +45,9 @@ def consumer_config(settings: Settings) -> Config:
     classic = settings.group_protocol == "classic"
     config: Config = {
         "auto.offset.reset": "earliest",
-        "enable.partition.eof": False,
+        # The end of each partition, reported once per reaching it: the lag gauge's
+        # end past commit markers (Loop._consume_error).
+        "enable.partition.eof": True,
         **(_classic_session(settings) if classic else {}),
         "max.poll.interval.ms": 300_000,
         "fetch.wait.max.ms": 100,

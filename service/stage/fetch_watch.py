@@ -13,15 +13,20 @@ The watch looks at the outcome, not the cause. A partition that should be fetchi
 its position has not moved for ``TXSTAGE_FETCH_STALL_S`` while ``consume()`` came
 back short of a full batch at least twice meanwhile: its records are not waiting in
 librdkafka's queue behind other partitions' (a slow transform keeps batches full).
-For idle partitions the loop asks Kafka, beside the loop, for the log start and the
-last stable offset (ListOffsets, read_committed). Committed records past the
-position make the partition a *suspect*: they may have been written a moment ago
-and be on their way. It is asked about again ``CONFIRM_S`` later (the queue having
-run dry twice more); still at that position with the records the first answer
-showed still not received, it is *stalled*, and the loop restarts its fetcher
-(pause, resume, seek to the position) and says so. A partition that stays stalled
-is looked at again after twice the wait, up to an hour; an idle partition that is
-simply at the end of its input is asked about once per wait.
+For idle partitions the loop asks Kafka, beside the loop, for the high watermark
+(ListOffsets). A fetched partition learns the high watermark from every fetch
+response, even an empty one, at least every ``fetch.wait.max.ms``; librdkafka keeps
+it (``get_watermark_offsets(cached=True)``). Kafka's above librdkafka's makes the
+partition a *suspect*: the offsets may have been written a moment ago. It is asked
+about again ``CONFIRM_S`` later (the queue having run dry twice more); if
+librdkafka has still not seen the high watermark the first answer gave, no fetch
+response for the partition arrived in all that time: it is *stalled*, and the loop
+restarts its fetcher (pause, resume, seek to the position) and says so. (Offsets,
+not records, are compared: commit markers and aborted transactions take offsets a
+read_committed reader never sees, so "the last stable offset is past the position"
+is true of a partition that has read everything.) A partition that stays stalled is
+looked at again after twice the wait, up to an hour; an idle partition is asked
+about once per wait.
 
 Pure bookkeeping: the loop supplies the partitions, the clock and Kafka's answers.
 """
@@ -44,7 +49,7 @@ class _Seen:
     since: float     # when the position was last seen to move (or was last asked about)
     short: int       # FetchWatch.short_batches then
     wait_s: float    # how long it must stay put before it is asked about
-    suspect: int | None = None  # Kafka's last stable offset then, past the position
+    suspect: int | None = None  # Kafka's high watermark, above librdkafka's
 
     def due(self) -> float:
         return self.since + (min(CONFIRM_S, self.wait_s) if self.suspect is not None
@@ -77,27 +82,27 @@ class FetchWatch:
         self._seen = seen
         return idle
 
-    def stalled(self, asked: Mapping[Key, int], offsets: Mapping[Key, tuple[int, int]],
-                now: float) -> list[Key]:
-        """Kafka's answer for the partitions ``asked`` about (key -> position then),
-        ``offsets``: key -> (log start, last stable offset). Committed records past
-        the position (below the log start they are gone: fetching starts there) make
-        a suspect; a suspect whose records of the previous answer are still not
-        received is stalled. Every partition asked about waits again from now; a
-        stalled one twice as long as before."""
+    def stalled(self, asked: Mapping[Key, int], high: Mapping[Key, int],
+                fetched_high: Mapping[Key, int], now: float) -> list[Key]:
+        """Kafka's answer for the partitions ``asked`` about (key -> position then):
+        ``high``, its high watermark, and ``fetched_high``, the one librdkafka last
+        had from a fetch response (< 0: none yet). A suspect is a partition whose
+        fetched high watermark is below Kafka's; a suspect whose fetched high
+        watermark is still below what Kafka said at the previous answer is stalled.
+        Every partition asked about waits again from now; a stalled one twice as
+        long as before."""
         stalled = []
         for key, position in asked.items():
             known = self._seen.get(key)
             if known is None or known.position != position:
                 continue  # it moved (or went) while Kafka was asked
-            answer = offsets.get(key)
-            if answer is not None:
-                start, stable = answer
-                if known.suspect is not None and known.suspect > max(position, start):
-                    stalled.append(key)
-                    known.wait_s = min(known.wait_s * 2, MAX_WAIT_S)
-                    known.suspect = None
-                else:
-                    known.suspect = stable if stable > max(position, start) else None
+            fetched = fetched_high.get(key, -1)
+            if known.suspect is not None and fetched < known.suspect:
+                stalled.append(key)
+                known.wait_s = min(known.wait_s * 2, MAX_WAIT_S)
+                known.suspect = None
+            else:
+                answer = high.get(key)
+                known.suspect = answer if answer is not None and answer > fetched else None
             known.since, known.short = now, self.short_batches
         return stalled

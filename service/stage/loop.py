@@ -181,7 +181,7 @@ class Loop:
             if error is not None:
                 consumed += self._write_run(owner, run, now)
                 owner = None
-                self._consume_error(error, msg.topic(), msg.partition())
+                self._consume_error(error, msg)
                 continue
             partition = partitions.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
             if partition is None:
@@ -461,12 +461,12 @@ class Loop:
         first record fetched after it must be at ``offset``: fetched from beyond it, the
         seek is made once more (a gap that persists is real: transaction markers,
         compaction, retention)."""
+        if offset < 0 and partition.started_at is not None:
+            offset = partition.started_at  # nothing committed yet: where it started
         partition.position = max(offset, 0)
         partition.seek_to = partition.sought = offset
-        # Nothing committed and auto.offset.reset=latest: where the log ends is not
-        # known here, so the first record fetched sets the position (checked against
-        # 0 it would be sought again, to 0: the whole history).
-        partition.check_first = offset >= 0 or self._no_offset != OFFSET_END
+        partition.fetched_end = None
+        partition.check_first = True
         partition.seek_batch = self._batch  # what this batch holds was fetched before it
         partition.rechecked = None
         log.debug("partition.positioned", topic=partition.topic, partition=partition.partition,
@@ -507,6 +507,14 @@ class Loop:
         from beyond it and the seek is made again. Once more from beyond it, the gap is
         real (transactional input: the committed offset is often a commit marker)."""
         expected = partition.position
+        if partition.sought < 0 and self._no_offset == OFFSET_END:
+            # Nothing committed, auto.offset.reset=latest: where the log ended is not
+            # known here (checked against 0 it would be sought again, to 0: the whole
+            # history). This record is where the partition starts, and where it goes
+            # back to while nothing is committed (an abort, a poison retry): sought
+            # to the end again, the records since would be skipped.
+            partition.started_at = partition.position = offset
+            expected = offset
         if offset > expected and partition.rechecked is None:
             self._seek(partition, expected)
             partition.rechecked = offset
@@ -623,7 +631,7 @@ class Loop:
             _, high = self.consumer.get_watermark_offsets(partition.tp, cached=True)
             if high is not None and high >= 0 and partition.position >= 0:
                 self.metrics.consumer_lag.labels(partition.topic, str(partition.partition)).set(
-                    max(high - partition.position, 0))
+                    max(high - partition.read_to(), 0))
 
     def _watch_stalls(self, now: float) -> None:
         """Log each partition on request (SIGUSR1), and warn once per phase about a
@@ -654,39 +662,42 @@ class Loop:
             if not future.done():
                 return
             self._fetch_check = None
-            offsets = cast("dict[TopicPartitionKey, tuple[int, int]]", future.result() or {})
-            for key in watch.stalled(asked, offsets, now):
+            high = cast("dict[TopicPartitionKey, int]", future.result() or {})
+            fetched = {key: self._fetched_high(key) for key in asked}
+            for key in watch.stalled(asked, high, fetched, now):
                 partition = self.partitions.get(key)
                 if partition is not None and self._should_fetch(partition):
-                    self._restart_fetch(partition, offsets[key])
+                    self._restart_fetch(partition, high.get(key, -1), fetched[key])
         idle = watch.idle(((p.key, p.position, self._should_fetch(p))
                            for p in self.partitions.values()), now)
         if idle:
             cluster, keys = self.limits.cluster, list(idle)
             self._fetch_check = (idle, self.jobs.spawn(
-                lambda: cluster.log_offsets(keys, timeout_s=_STABLE_READ_S)))
+                lambda: cluster.high_watermarks(keys, timeout_s=_STABLE_READ_S)))
 
-    def _should_fetch(self, partition: Partition) -> bool:
+    def _fetched_high(self, key: TopicPartitionKey) -> int:
+        """The high watermark of the partition's last fetch response (-1: none)."""
+        _, high = self.consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+        return high if high is not None and high >= 0 else -1
+
+    @staticmethod
+    def _should_fetch(partition: Partition) -> bool:
         """Nothing but librdkafka stands between the partition and its next record:
-        ACTIVE, no pause, no seek pending, nothing held or running; and its position
-        known (from the end of a log, with nothing committed, it is not until the first
-        record arrives)."""
+        ACTIVE, no pause, no seek pending, nothing held or running."""
         state = partition.state
         return state.phase is sm.Phase.ACTIVE and not state.pauses \
             and partition.seek_to is None and not partition.releasing \
-            and not partition.held and partition.job is None \
-            and not (partition.sought < 0 and partition.position == 0
-                     and self._no_offset == OFFSET_END)
+            and not partition.held and partition.job is None
 
-    def _restart_fetch(self, partition: Partition, offsets: tuple[int, int]) -> None:
-        start, stable = offsets
+    def _restart_fetch(self, partition: Partition, high: int, fetched_high: int) -> None:
         log.warning("partition.fetch_stalled", topic=partition.topic,
                     partition=partition.partition, position=partition.position,
-                    log_start=start, last_stable_offset=stable,
-                    note="nothing fetched though Kafka holds committed records past the "
-                         "position: the fetcher is restarted (pause, resume, seek)")
+                    high_watermark=high, fetched_high_watermark=fetched_high,
+                    note="no fetch response for the partition although Kafka holds offsets "
+                         "past what librdkafka last saw: its fetcher is restarted (pause, "
+                         "resume, seek)")
         self.metrics.fetch_stalls.inc()
-        unknown = partition.sought < 0 and partition.position == 0  # from the log's start
+        unknown = partition.sought < 0 and partition.position == 0  # nothing read yet
         self.consumer.pause([partition.tp])
         self.consumer.resume([partition.tp])
         self._seek(partition, partition.sought if unknown else partition.position)
@@ -749,10 +760,17 @@ class Loop:
         if self.recorded:
             raise self.recorded[0]
 
-    def _consume_error(self, error: KafkaError, topic: str | None = None,
-                       partition: int | None = None) -> None:
+    def _consume_error(self, error: KafkaError, msg: Message) -> None:
+        topic, number = msg.topic(), msg.partition()
+        if error.code() == KafkaError._PARTITION_EOF:
+            # The fetcher reached the end: past commit markers and aborted records,
+            # which take offsets but are never delivered (the lag gauge's end).
+            partition = self.partitions.get((topic, number))  # type: ignore[arg-type]
+            if partition is not None:
+                partition.fetched_end = (partition.position, msg.offset())  # type: ignore[assignment]
+            return
         if error.code() in DENIALS:  # a missing ACL never heals by itself
-            raise DeniedError(Where("consume", topic=topic, partition=partition), error)
+            raise DeniedError(Where("consume", topic=topic, partition=number), error)
         if error.fatal():
             raise FatalError(Where("consume"), error)
         log.warning("kafka.consume_error", code=error.name(), error=error.str())

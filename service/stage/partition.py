@@ -26,6 +26,7 @@ class Partition:
         "batch_records",
         "batch_since",
         "check_first",
+        "fetched_end",
         "flowing",
         "held",
         "job",
@@ -40,6 +41,7 @@ class Partition:
         "seek_to",
         "sought",
         "stalled_warned",
+        "started_at",
         "tp",
         "waiting_topic",
     )
@@ -61,7 +63,15 @@ class Partition:
         # at ``position``).
         self.seek_to: int | None = None
         self.sought = -1                  # the offset last sought (< 0: none was committed)
+        # Nothing committed and auto.offset.reset=latest: the first record's offset,
+        # sought instead of the end while nothing is committed (Loop._check_first).
+        self.started_at: int | None = None
         self.check_first = False
+        # (position, offset) of the last end of the partition the fetcher reported
+        # (PARTITION_EOF): past commit markers and aborted records, which take offsets
+        # that are never delivered. While the position is as it was then, the
+        # partition has read everything up to that offset.
+        self.fetched_end: tuple[int, int] | None = None
         self.rechecked: int | None = None  # the first record's offset, from beyond position
         self.seek_batch = -1              # the consume() batch a seek was made in
         self.batch_first = self.batch_next = self.batch_records = 0  # written, not yet told
@@ -85,6 +95,12 @@ class Partition:
                 "seek_pending": self.seek_to is not None, "held": len(self.held),
                 "job_running": self.job is not None,
                 "waiting_topic": self.waiting_topic, "releasing": self.releasing}
+
+    def read_to(self) -> int:
+        """The offset the partition has read up to: its position, or the end the
+        fetcher reported at this position (a commit marker's offset past it)."""
+        end = self.fetched_end
+        return end[1] if end is not None and end[0] == self.position else self.position
 
     @property
     def state(self) -> PartitionState:

@@ -13,9 +13,10 @@ code before it) that partition never moves again and the wait below times out.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from service.admin import Cluster, OutputLimits
@@ -26,6 +27,7 @@ from service.metrics import Metrics
 from service.settings import load_settings
 from service.stage import Stage
 from service.transform import load_transform
+from tests.harness.reading import read_topic
 from tests.integration.conftest import PARTITIONS, StageSetup, long_transactions
 from tests.integration.replicas import produce_inputs, value, wait_for
 
@@ -80,4 +82,34 @@ def test_records_queued_behind_a_slow_transform_are_not_taken_for_a_stall(
     assert value(replica, "txstage_fetch_stalls_total") == 0, stage.logs()
     assert not replica.events("partition.fetch_stalled")
     assert replica.terminate() == 0
+    stage.assert_exactly_once()
+
+
+def test_a_partition_read_to_a_commit_marker_is_neither_stalled_nor_lagging(
+        stage: StageSetup) -> None:
+    # Transactional input (an upstream txstage, Kafka Streams): each partition ends in
+    # a commit marker, an offset no read_committed reader is given. The first watch
+    # took "Kafka holds offsets past the position" for unfetched records and restarted
+    # the fetchers of an idle stage every quiet period; the lag gauge read 1 for good,
+    # and TxstageNoCommitsWhileLagging would have paged after 15 idle minutes.
+    producer = Producer({"bootstrap.servers": stage.bootstrap,
+                         "transactional.id": f"upstream-{stage.group_id}"})
+    producer.init_transactions(30)
+    for start in range(0, 400, 100):
+        producer.begin_transaction()
+        for i in range(start, start + 100):
+            producer.produce(stage.input_topic, str(i).encode(), f"k{i}".encode(),
+                             partition=i % PARTITIONS)
+        producer.commit_transaction(30)
+    replica = stage.replica("a", TXSTAGE_FETCH_STALL_S="1")
+    # (The group's offsets stop at the markers, one short of the end offsets: wait for
+    # the outputs instead.)
+    assert len(read_topic(stage.bootstrap, stage.output_topic, expected=400, timeout=60)) == 400
+    time.sleep(9)  # idle: 1 s to suspect, up to 5 s to confirm, housekeeping each 1 s
+    lags = [value(replica, "txstage_consumer_lag", topic=stage.input_topic, partition=str(p))
+            for p in range(PARTITIONS)]
+    stalls = value(replica, "txstage_fetch_stalls_total")
+    assert replica.terminate() == 0
+    assert stalls == 0 and not replica.events("partition.fetch_stalled"), stage.logs()
+    assert lags == [0.0] * PARTITIONS
     stage.assert_exactly_once()

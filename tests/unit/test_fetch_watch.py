@@ -25,15 +25,18 @@ def at(*positions: tuple[tuple[str, int], int]) -> list[tuple[tuple[str, int], i
 
 
 def asked_twice(watch: FetchWatch, key: tuple[str, int], position: int, now: float,
-                answer: tuple[int, int], then: tuple[int, int]) -> tuple[list[object], float]:
-    """Kafka asked about an idle partition, then (a suspect) asked again: the
-    stalled partitions of each answer, and when the second came."""
+                high: int, fetched: tuple[int, int]) -> tuple[list[object], float]:
+    """Kafka asked about an idle partition (its high watermark ``high``), then, a
+    suspect or not, asked again once due: the stalled partitions of each answer (the
+    high watermarks librdkafka had from fetch responses then: ``fetched``), and when
+    the second came."""
     watch.short_batches += 2
-    first = watch.stalled(watch.idle(at((key, position)), now), {key: answer}, now)
+    first = watch.stalled(watch.idle(at((key, position)), now), {key: high},
+                          {key: fetched[0]}, now)
     watch.short_batches += 2
     confirm = next(now + s / 10 for s in range(1, 100_000)
                    if watch.idle(at((key, position)), now + s / 10))
-    second = watch.stalled({key: position}, {key: then}, confirm)
+    second = watch.stalled({key: position}, {key: high}, {key: fetched[1]}, confirm)
     return [first, second], confirm
 
 
@@ -82,48 +85,47 @@ def test_a_partition_that_should_not_be_fetching_waits_again_and_a_gone_one_is_f
     assert watch.idle(at((P0, 50), (P1, 7)), now=70.0) == {P1: 7}  # P0 anew
 
 
-def test_stalled_means_the_records_kafka_showed_are_still_not_received() -> None:
-    # The first answer makes a suspect: those records may have been written a moment
-    # ago. The second, CONFIRM_S later, finds the position where it was.
+def test_stalled_means_no_fetch_response_showed_what_kafka_had() -> None:
+    # The first answer makes a suspect: the offsets may have been written a moment
+    # ago. CONFIRM_S later librdkafka has still not had a fetch response saying so.
     watch = watch_with()
     watch.idle(at((P0, 50)), now=0.0)
-    (first, second), confirm = asked_twice(watch, P0, 50, 30.0, (0, 90), (0, 95))
+    (first, second), confirm = asked_twice(watch, P0, 50, 30.0, high=90, fetched=(50, 50))
     assert first == [] and second == [P0]
     assert confirm == 30.0 + CONFIRM_S
+    # Never a fetch response since it was assigned: the same.
+    watch = watch_with()
+    watch.idle(at((P1, 7)), now=0.0)
+    (first, second), _ = asked_twice(watch, P1, 7, 30.0, high=7, fetched=(-1, -1))
+    assert first == [] and second == [P1]
 
 
-def test_records_received_meanwhile_clear_the_suspect() -> None:
+def test_a_fetch_response_that_caught_up_clears_the_suspect() -> None:
+    watch = watch_with()
+    watch.idle(at((P0, 50)), now=0.0)
+    (first, second), _ = asked_twice(watch, P0, 50, 30.0, high=90, fetched=(50, 90))
+    assert first == second == []
+
+
+def test_a_partition_that_has_read_to_a_commit_marker_is_no_suspect() -> None:
+    # Transactional input: the position is the last record's offset + 1, the commit
+    # marker's offset; Kafka's high watermark is one past it, and so is the one the
+    # fetcher last saw. Offsets past the position say nothing about records.
+    watch = watch_with()
+    watch.idle(at((P0, 2820)), now=0.0)
+    (first, second), confirm = asked_twice(watch, P0, 2820, 30.0, high=2821,
+                                           fetched=(2821, 2821))
+    assert first == second == []
+    assert confirm == 60.0  # no suspect: once per wait
+
+
+def test_a_partition_that_moved_while_kafka_was_asked_is_not_stalled() -> None:
     watch = watch_with()
     watch.idle(at((P0, 50)), now=0.0)
     watch.short_batches += 2
     asked = watch.idle(at((P0, 50)), now=30.0)
-    assert watch.stalled(asked, {P0: (0, 90)}, now=30.0) == []
-    watch.short_batches += 2
-    assert watch.idle(at((P0, 90)), now=35.0) == {}  # they arrived: nothing to ask
-    assert watch.stalled(asked, {P0: (0, 90)}, now=35.0) == []  # an answer to old news
-
-
-def test_a_partition_at_the_end_of_its_input_is_no_suspect() -> None:
-    watch = watch_with()
-    watch.idle(at((P0, 50), (P1, 7)), now=0.0)
-    for key, position in ((P0, 50), (P1, 7)):
-        (first, second), confirm = asked_twice(watch, key, position, 30.0, (0, position),
-                                               (0, position))
-        assert first == second == []
-        assert confirm == 60.0  # once per wait, no confirming
-
-
-def test_records_below_the_log_start_are_gone_not_waiting() -> None:
-    # Nothing committed, read from the beginning: position 0, retention deleted
-    # everything below 40, and 40 is the end: nothing to fetch.
-    watch = watch_with()
-    watch.idle(at((P0, 0)), now=0.0)
-    (first, second), _ = asked_twice(watch, P0, 0, 30.0, (40, 40), (40, 40))
-    assert first == second == []
-    watch = watch_with()
-    watch.idle(at((P0, 0)), now=0.0)
-    (first, second), _ = asked_twice(watch, P0, 0, 30.0, (40, 41), (40, 41))
-    assert second == [P0]
+    watch.idle(at((P0, 60)), now=30.5)
+    assert watch.stalled(asked, {P0: 90}, {P0: 50}, now=31.0) == []
 
 
 def test_each_stall_doubles_the_wait_up_to_an_hour() -> None:
@@ -135,7 +137,7 @@ def test_each_stall_doubles_the_wait_up_to_an_hour() -> None:
         wait = next(s for s in range(1, 10_000) if watch.idle(at((P0, 50)), now=now + s))
         waits.append(wait)
         now += wait
-        (first, second), now = asked_twice(watch, P0, 50, now, (0, 90), (0, 90))
+        (first, second), now = asked_twice(watch, P0, 50, now, high=90, fetched=(50, 50))
         assert first == [] and second == [P0]
     assert waits[:5] == [30, 60, 120, 240, 480]
     assert waits[-1] == MAX_WAIT_S
@@ -146,13 +148,13 @@ def test_the_loop_restarts_the_fetcher_of_a_stalled_partition_at_its_position() 
     loop, _, partition = make_loop(consumer, TXSTAGE_FETCH_STALL_S="30")
     asked: list[list[tuple[str, int]]] = []
 
-    def log_offsets(keys: list[tuple[str, int]], timeout_s: float) -> dict[
-            tuple[str, int], tuple[int, int]]:
+    def high_watermarks(keys: list[tuple[str, int]], timeout_s: float) -> dict[
+            tuple[str, int], int]:
         asked.append(keys)
-        return {key: (0, 4000) for key in keys}
+        return {key: 4000 for key in keys}
 
     loop.limits = SimpleNamespace(lookup=loop.limits.lookup,  # type: ignore[assignment]
-                                  cluster=SimpleNamespace(log_offsets=log_offsets))
+                                  cluster=SimpleNamespace(high_watermarks=high_watermarks))
     positioned(loop, partition, 2810)
     assert partition.state.phase is sm.Phase.ACTIVE
     for _ in range(3):
@@ -163,7 +165,7 @@ def test_the_loop_restarts_the_fetcher_of_a_stalled_partition_at_its_position() 
     loop.tick(start + 31)   # idle for the wait: Kafka is asked beside the loop
     assert loop._fetch_check is not None
     loop._fetch_check[1].result(5)
-    loop.tick(start + 32)   # Kafka holds records up to 4000: a suspect
+    loop.tick(start + 32)   # Kafka's high watermark 4000, no fetch response: a suspect
     assert consumer.calls == []
     for _ in range(2):
         loop.iterate()      # the queue runs dry again
@@ -171,22 +173,11 @@ def test_the_loop_restarts_the_fetcher_of_a_stalled_partition_at_its_position() 
     loop.tick(start + 37)   # asked again, CONFIRM_S later
     assert loop._fetch_check is not None
     loop._fetch_check[1].result(5)
-    loop.tick(start + 38)   # still not received: restart the fetcher
+    loop.tick(start + 38)   # still no fetch response: restart the fetcher
     assert asked == [[("in", 0)], [("in", 0)]]
     assert consumer.calls == [("pause", 0), ("resume", 0), ("seek", 2810)]
     assert partition.check_first and partition.position == 2810
     assert loop.metrics.fetch_stalls._value.get() == 1
-
-
-def test_a_partition_at_the_end_of_a_log_it_started_at_is_not_watched() -> None:
-    # Nothing committed, auto.offset.reset=latest: its position is not known before its
-    # first record, so there is nothing to compare Kafka's answer with.
-    consumer = ScriptedConsumer()
-    loop, _, partition = make_loop(consumer, TXSTAGE_CONSUMER__AUTO_OFFSET_RESET="latest")
-    positioned(loop, partition, -1001)
-    assert not loop._should_fetch(partition)
-    partition.position = 4001  # its first record arrived
-    assert loop._should_fetch(partition)
 
 
 def test_a_paused_or_holding_partition_is_not_watched() -> None:

@@ -49,6 +49,7 @@ class ScriptedConsumer:
     refuse_seeks: int = 0               # seeks refused with _STATE (not fetching yet)
     calls: list[tuple[str, int]] = field(default_factory=list)
     batches: list[list[Message]] = field(default_factory=list)
+    high: int = -1                      # the cached high watermark
 
     def seek(self, tp: TopicPartition) -> None:
         if self.refuse_seeks:
@@ -64,7 +65,7 @@ class ScriptedConsumer:
         self.calls.append(("resume", tps[0].partition))
 
     def get_watermark_offsets(self, tp: TopicPartition, cached: bool) -> tuple[int, int]:
-        return 0, -1
+        return 0, self.high
 
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
         return self.batches.pop(0) if self.batches else []
@@ -180,6 +181,54 @@ def test_with_nothing_committed_and_reset_latest_the_log_end_is_where_it_starts(
     loop.iterate()
     assert committer.written == [4283, 4284, 4285, 4286, 4287]
     assert [call for call in consumer.calls if call[0] == "seek"] == [("seek", OFFSET_END)]
+
+
+def test_from_the_end_with_nothing_committed_a_repositioning_goes_back_to_the_start() -> None:
+    # An abort or a poison retry before the first commit: Kafka still has nothing
+    # committed, and sought to the end again the partition would skip what it had
+    # read and not committed (loss).
+    consumer = ScriptedConsumer(batches=[batch(4283, 4285), [], batch(4283, 4286)])
+    loop, committer, partition = make_loop(consumer, TXSTAGE_CONSUMER__AUTO_OFFSET_RESET="latest")
+    positioned(loop, partition, -1001)
+    loop.iterate()
+    assert committer.written == [4283, 4284, 4285]
+    partition.state = sm.PartitionState(sm.Phase.POSITIONING)  # aborted: look up again
+    positioned(loop, partition, -1001)
+    assert [call for call in consumer.calls if call[0] == "seek"] == [
+        ("seek", OFFSET_END), ("seek", 4283)]
+    loop.iterate()
+    loop.iterate()
+    assert committer.written == [4283, 4284, 4285, 4283, 4284, 4285, 4286]
+
+
+def test_the_lag_of_a_partition_read_to_a_commit_marker_is_zero() -> None:
+    # Transactional input: the position (last record + 1) is the commit marker's
+    # offset and the high watermark one past it. The fetcher's end of partition says
+    # it read everything; the gauge read 1 for good, and TxstageNoCommitsWhileLagging
+    # fired on an idle stage.
+    consumer = ScriptedConsumer(batches=[batch(2810, 2819)])
+    consumer.high = 2821
+    loop, _, partition = make_loop(consumer)
+    positioned(loop, partition, 2810)
+    loop.iterate()
+    assert partition.position == 2820
+    loop._next_housekeeping = 0.0
+    loop.tick(1.0)
+    lag = loop.metrics.consumer_lag.labels(TOPIC, "0")
+    assert lag._value.get() == 1  # no end reported: one offset not yet read, as far as known
+    end = Message(topic=TOPIC, partition=0, offset=2821,
+                  error=KafkaError(KafkaError._PARTITION_EOF))
+    consumer.batches.append([end])
+    loop.iterate()
+    loop._next_housekeeping = 0.0
+    loop.tick(2.0)
+    assert lag._value.get() == 0
+    consumer.batches.append(batch(2821, 2822))  # more input: read from the position again
+    consumer.high = 2824
+    loop.iterate()
+    loop._next_housekeeping = 0.0
+    loop.tick(3.0)
+    assert lag._value.get() == 1
 
 
 def test_with_nothing_committed_and_reset_earliest_the_first_record_is_still_checked() -> None:
