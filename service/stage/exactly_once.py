@@ -8,6 +8,7 @@ Every call that waits on Kafka runs as a job, beside the loop.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import structlog
@@ -42,12 +43,21 @@ class ExactlyOnce:
     A job holds the producer object it was started with, not the partition's key:
     once a partition is released or fenced its producer is *detached* at once (on
     the loop thread), so a new incarnation of the partition (re-assigned, or
-    reclaimed) never shares or closes a producer an old job still uses."""
+    reclaimed) never shares or closes a producer an old job still uses.
+
+    An init job has no producer to detach until init_transactions returns, so each
+    init is given a token, the partition's current one until it is detached: a job
+    whose token was taken away meanwhile (released while it ran, the partition
+    perhaps assigned again and initialised by a newer job) closes its own producer
+    and leaves the registry alone. Token and registry change together, under a lock:
+    the job ends on its own thread."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self._settings = settings
         self._metrics = metrics
         self._producers: dict[TopicPartitionKey, PinnedProducer] = {}
+        self._initialising: dict[TopicPartitionKey, object] = {}  # the current init's token
+        self._lock = threading.Lock()
         self._logger = librdkafka_logger("producer")
         # init_transactions may wait out a dead owner's transaction: allow the
         # whole transaction timeout plus a margin before calling it fatal.
@@ -65,29 +75,50 @@ class ExactlyOnce:
         or a rebalance waits for the slowest. A replacement does not: it follows
         trouble with the cluster, and with a frozen broker the metadata request was
         seen to keep init_transactions from finishing (PinnedProducer.init)."""
-        def job() -> Event:
-            tid = self.transactional_id(key)
+        tid = self.transactional_id(key)
+        token = object()
+        with self._lock:
+            self._initialising[key] = token
+        # Here, on the loop thread, in order with _detach's forget: the transaction
+        # states of a producer whose partition was given up are not kept.
+        stats_cb = self._metrics.transaction_states.callback(tid) \
+            if self._settings.statistics_interval_ms else None  # service/txn_states.py
+
+        def job() -> Event | None:
             started = time.monotonic()
             producer = None
             try:
                 config = {**producer_config(self._settings, tid), "logger": self._logger}
-                if self._settings.statistics_interval_ms:  # service/txn_states.py
+                if stats_cb is not None:
                     config.setdefault("statistics.interval.ms",
                                       self._settings.statistics_interval_ms)
-                    config["stats_cb"] = self._metrics.transaction_states.callback(tid)
+                    config["stats_cb"] = stats_cb
                 producer = PinnedProducer(config, *key, deadline_s=self._deadline_s,
                                           on_error=error_cb(tid), connect_first=not replacing)
                 producer.init()
             except KafkaOperationError as exc:
                 log.error("producer.init_failed", transactional_id=tid, error=str(exc))
+                with self._lock:
+                    if self._initialising.get(key) is token:
+                        del self._initialising[key]
                 if producer is not None:
                     producer.close()
                 return InitFailed(exc, time.monotonic())
             seconds = time.monotonic() - started
-            _close(self._producers.pop(key, None))  # none is expected: detached before
-            self._producers[key] = producer
+            with self._lock:
+                current = self._initialising.get(key) is token
+                if current:
+                    del self._initialising[key]
+                    replaced = self._producers.pop(key, None)  # none: detached before
+                    self._producers[key] = producer
+                    self._metrics.pinned_producers.set(len(self._producers))
+            if not current:  # its partition was given up meanwhile: nobody else closes it
+                log.info("producer.abandoned", topic=key[0], partition=key[1],
+                         transactional_id=tid, init_seconds=round(seconds, 4))
+                _close(producer)
+                return None  # nothing to tell: the partition is gone
+            _close(replaced)
             self._metrics.producer_init_seconds.observe(seconds)
-            self._metrics.pinned_producers.set(len(self._producers))
             log.info("producer.ready", topic=key[0], partition=key[1], transactional_id=tid,
                      init_seconds=round(seconds, 4))
             return InitDone(time.monotonic())
@@ -198,10 +229,13 @@ class ExactlyOnce:
         return lambda: _close(producer)
 
     def _detach(self, key: TopicPartitionKey) -> PinnedProducer | None:
-        producer = self._producers.pop(key, None)
-        self._metrics.pinned_producers.set(len(self._producers))
-        if producer is not None:
-            self._metrics.transaction_states.forget(producer.transactional_id)
+        """Out of the registry, and an init still running for ``key`` no longer counts:
+        its job closes what it made."""
+        with self._lock:
+            self._initialising.pop(key, None)
+            producer = self._producers.pop(key, None)
+            self._metrics.pinned_producers.set(len(self._producers))
+        self._metrics.transaction_states.forget(self.transactional_id(key))
         return producer
 
     def poll(self, now: float) -> list[tuple[TopicPartitionKey, Event]]:
@@ -217,7 +251,9 @@ class ExactlyOnce:
         return []
 
     def shutdown(self, timeout_s: float) -> None:
-        for key in list(self._producers):
+        with self._lock:
+            keys = set(self._producers) | set(self._initialising)
+        for key in keys:
             _close(self._detach(key))
 
 

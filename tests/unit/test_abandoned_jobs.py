@@ -1,7 +1,7 @@
 """A job whose partition is given up while it runs is abandoned; what it finds is still
-reported when it is a fence.
+reported when it is a fence, and a producer it made is closed by the job itself.
 
-CI saw it (test_zombie_is_fenced_after_rebalance, consumer protocol): a replica paused
+A fence: CI saw it (test_zombie_is_fenced_after_rebalance, consumer protocol): a replica paused
 past its session time-out resumed, started the commits that had fallen due while it was
 stopped, and only then heard its partitions were lost. The commits met the successor's
 fence, but they were abandoned, so nothing said so. The loop runs against the scripted
@@ -12,13 +12,23 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Any
 
-from confluent_kafka import KafkaError
+import pytest
+from confluent_kafka import KafkaError, TopicPartition
+from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from service.errors import FencedError, Where
+from service.metrics import Metrics
+from service.settings import load_settings
+from service.stage import exactly_once
 from service.stage import state as sm
+from service.stage.exactly_once import ExactlyOnce
+from service.stage.loop import Loop
 from service.stage.partition import TopicPartitionKey
 from tests.unit.test_positioning import RecordingCommitter, ScriptedConsumer, make_loop
 
@@ -53,3 +63,93 @@ def test_a_fence_found_by_a_commit_abandoned_on_loss_is_reported() -> None:
     fence, = [e for e in logs if e["event"] == "producer.fenced"]
     assert fence["on"] == "abandoned" and fence["transactional_id"] == "g.in.0"
     assert loop.metrics.producers_fenced._value.get() == 1
+
+
+class GatedProducer:
+    """A pinned producer whose init_transactions returns when its test says so; it
+    joins ``made`` as init_transactions starts."""
+
+    made: list[GatedProducer]
+
+    def __init__(self, config: dict[str, Any], topic: str, partition: int,
+                 **_: object) -> None:
+        self.transactional_id = config["transactional.id"]
+        self.closed = False
+        self.in_transaction = False
+        self.answer = threading.Event()
+
+    def init(self) -> None:
+        self.made.append(self)
+        assert self.answer.wait(5)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def poll(self) -> None:
+        assert not self.closed, "a closed producer is polled"
+
+
+@pytest.fixture
+def gated(monkeypatch: pytest.MonkeyPatch) -> list[GatedProducer]:
+    made: list[GatedProducer] = []
+    monkeypatch.setattr(GatedProducer, "made", made, raising=False)
+    monkeypatch.setattr(exactly_once, "PinnedProducer", GatedProducer)
+    return made
+
+
+def exactly_once_loop() -> tuple[Loop, ExactlyOnce]:
+    loop, _, partition = make_loop(ScriptedConsumer())
+    del loop.partitions[partition.key]  # assigned by the test
+    settings = load_settings({"TXSTAGE_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+                              "TXSTAGE_GROUP_ID": "g", "TXSTAGE_INPUT_TOPICS": "in",
+                              "TXSTAGE_OUTPUT_TOPIC": "out",
+                              "TXSTAGE_TRANSFORM": "service.examples.square:square"})
+    committer = ExactlyOnce(settings, Metrics(CollectorRegistry()))
+    loop.committer = committer
+    loop.limits = SimpleNamespace(lookup=loop.limits.lookup,  # type: ignore[assignment]
+                                  cluster=SimpleNamespace(committed_offset=lambda *a, **k: 100))
+    return loop, committer
+
+
+def until(condition: Callable[[], bool], loop: Loop, what: str = "") -> None:
+    deadline = time.monotonic() + 5
+    while not condition():
+        assert time.monotonic() < deadline, f"not in 5 s: {what}"
+        loop.settle(time.monotonic())
+        time.sleep(0.01)
+
+
+def test_a_producer_whose_init_outlived_its_release_is_closed_by_its_job(
+        gated: list[GatedProducer]) -> None:
+    # Released while init_transactions ran, the partition's Abandon detached nothing:
+    # the producer was not registered yet. The job registered it when init returned:
+    # never closed, polled for ever, holding the partition's transactional id.
+    loop, committer = exactly_once_loop()
+    loop.assign([TopicPartition("in", 0)])
+    until(lambda: len(gated) == 1, loop)
+    [producer] = gated
+    loop.release([("in", 0)], lost=False, reason="revoked", deadline=time.monotonic())
+    producer.answer.set()
+    until(lambda: producer.closed, loop, "the abandoned init's producer closed")
+    assert committer._producers == {}
+    committer.poll(time.monotonic())  # (a closed producer polled would fail)
+
+
+def test_an_abandoned_init_ending_late_leaves_the_next_assignments_producer_alone(
+        gated: list[GatedProducer]) -> None:
+    # Lost while its init ran (A) and given back at once (B): B was ready first and
+    # the partition wrote through it; then A returned, closed B under the ACTIVE
+    # partition and took its place.
+    loop, committer = exactly_once_loop()
+    loop.assign([TopicPartition("in", 0)])
+    until(lambda: len(gated) == 1, loop)
+    loop.release([("in", 0)], lost=True, reason="lost", deadline=time.monotonic())
+    loop.assign([TopicPartition("in", 0)])
+    until(lambda: len(gated) == 2, loop)
+    old, new = gated
+    new.answer.set()
+    until(lambda: loop.partitions[("in", 0)].state.phase is sm.Phase.ACTIVE, loop)
+    old.answer.set()
+    until(lambda: old.closed, loop, "the abandoned init's producer closed")
+    assert committer._producers == {("in", 0): new} and not new.closed
+    committer.poll(time.monotonic())
