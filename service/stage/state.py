@@ -7,8 +7,8 @@ A partition is always in exactly one phase::
        │    │ Tick (reclaim)        │ AbortDone (ALO)     │  ▼                │
        │  FENCED ◀──fenced──── ABORTING ◀──abortable── COMMITTING ──────────┘
        │                         │ ▲                     │
-       └── AbortDone (EOS: ──────┘ └── ProduceFailed / DeliveryFailed (ACTIVE)
-           a new producer)
+       └── AbortDone (EOS: ──────┘ └── ProduceFailed / DeliveryFailed (ACTIVE;
+           a new producer)                  ALO: DeliveryFailed from POSITIONING too)
     any phase ──Released──▶ RELEASED  (revoked: commit if healthy, else abort; lost: abort)
 
 Besides its phase a partition holds a set of pause reasons; the consumer pauses
@@ -630,7 +630,12 @@ def _produce_failed(state: PartitionState, event: ProduceFailed, policy: Policy)
 
 @_on(DeliveryFailed)
 def _delivery_failed(state: PartitionState, event: DeliveryFailed, policy: Policy) -> Step:
-    if state.phase not in (Phase.ACTIVE, Phase.COMMITTING):
+    # POSITIONING too: after a poison retry the partition positions while the windows
+    # it sealed are still in flight. Ignored there, the failure stayed blamed in the
+    # committer with its window at the head of the queue: no later offset of the
+    # partition was committed and no later failure reported. The abort forgets them;
+    # the position is looked up again (the lookup under way is superseded).
+    if state.phase not in (Phase.ACTIVE, Phase.COMMITTING, Phase.POSITIONING):
         return _ignored(state)
     # Everything after the committed offset is redone. A report of a record written
     # named names it, so no transaction range is needed to find a refused one; a

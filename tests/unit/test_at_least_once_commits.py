@@ -2,12 +2,15 @@
 newer offset was sent since or the partition is no longer ours; a window commits only
 once every output in it was reported delivered. No broker: the producer points at a
 closed port (its outputs are reported failed when they time out) and the consumer's
-commit is a recorder."""
+commit is a recorder; where the loop takes part, it runs against test_positioning's
+scripted consumer."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import cast
 
@@ -15,13 +18,15 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from service.errors import KafkaOperationError
+from service.errors import KafkaOperationError, PoisonRecordError
 from service.metrics import Metrics
 from service.processing import Produced
 from service.records import Record
 from service.settings import load_settings
+from service.stage import state as sm
 from service.stage.at_least_once import AtLeastOnce
 from service.stage.state import DeliveryFailed, Event
+from tests.unit.test_positioning import POLICY, ScriptedConsumer, batch, make_loop, positioned
 
 KEY = ("in", 3)
 SETTINGS = {
@@ -181,3 +186,48 @@ def test_a_run_whose_write_fails_ends_its_window_before_the_failed_record(
     assert failed_at == 6
     window = committer._windows[KEY][0]
     assert window.next == 6 and window.in_flight == 1  # record 5's output is queued
+
+
+def test_a_delivery_failure_while_positioning_does_not_stop_the_partitions_commits() -> None:
+    """A poison retry seals the good prefix and reads the position at once, its outputs
+    still in flight. Their failure came while the partition was POSITIONING: the state
+    machine ignored it, the committer kept it blamed and the failed window at the head
+    of the partition's queue. Nothing of the partition was committed again and no
+    later failure reported."""
+    sent: list[list[TopicPartition]] = []
+    alo = AtLeastOnce(load_settings(SETTINGS), Metrics(CollectorRegistry()),
+                      lambda offsets, asynchronous: sent.append(offsets))
+    consumer = ScriptedConsumer(batches=[batch(0, 4)])
+    loop, _, partition = make_loop(consumer, TXSTAGE_GUARANTEE="at_least_once")
+    loop.committer = alo
+    loop.policy = replace(POLICY, renew_after_abort=False, retry_backoff_s=0.0)
+    answer = threading.Event()
+    loop.limits = SimpleNamespace(lookup=loop.limits.lookup,  # type: ignore[assignment]
+                                  cluster=SimpleNamespace(
+                                      committed_offset=lambda *a, **k: (answer.wait(10), 0)[1]))
+    try:
+        alo.init(partition.key)()
+        positioned(loop, partition, 0)
+        loop.iterate()  # 0..4 written; their outputs time out (no broker)
+        poison = PoisonRecordError("in", 0, 5, ValueError("transient"))
+        loop.dispatch(partition, sm.Poisoned(poison, time.monotonic()))
+        assert partition.state.phase is sm.Phase.POSITIONING  # the lookup waits for answer
+        deadline = time.monotonic() + 10
+        while len(alo._producer) and time.monotonic() < deadline:  # reports outstanding
+            loop.settle(time.monotonic())
+            time.sleep(0.05)
+        loop.settle(time.monotonic())  # every report served: the failure is dispatched
+        answer.set()
+        while partition.state.phase is not sm.Phase.ACTIVE and time.monotonic() < deadline:
+            loop.settle(time.monotonic())
+            time.sleep(0.01)
+        loop.transform = lambda record: []  # the retry needs no broker
+        loop.dispatch(partition, sm.Tick(time.monotonic()))  # the backoff is over
+        consumer.batches = [batch(0, 9)]
+        loop.iterate()
+        loop.dispatch(partition, sm.CommitDue(time.monotonic()))
+        alo.poll(time.monotonic())
+        assert [offsets(b) for b in sent] == [[("in", 0, 10)]]
+    finally:
+        answer.set()
+        alo.shutdown(0)

@@ -488,6 +488,23 @@ def test_at_least_once_named_until_is_settled_by_the_committed_offset() -> None:
     assert state.name_until is None and state.flowing
 
 
+def test_at_least_once_delivery_failure_while_positioning_rewinds_again() -> None:
+    """A poison retry seals the good prefix and positions at once; the prefix's
+    outputs may still fail then. Ignored, the committer kept the failure blamed and
+    the failed window at the head of its queue: the partition never committed again."""
+    poison = PoisonRecordError("in", 0, 5, ValueError("bad"))
+    state, _ = step(active(0, 5), sm.Poisoned(poison, 1.0), sm.CommitDone(-1.0, 1.0),
+                    policy=AT_LEAST_ONCE)
+    assert state.phase is Phase.POSITIONING
+    timed_out = Failure(KafkaError._MSG_TIMED_OUT, "_MSG_TIMED_OUT", "timed out", None)
+    state, actions = step(state, sm.DeliveryFailed((timed_out,), 1.2, through=5),
+                          policy=AT_LEAST_ONCE)
+    assert state.phase is Phase.ABORTING and actions == [sm.DropHeld(), sm.StartAbort(None)]
+    state, actions = step(state, sm.AbortDone((), 1.2), policy=AT_LEAST_ONCE)
+    assert state.phase is Phase.POSITIONING and kinds(actions) == ["Aborted", "LookupPosition"]
+    assert state.name_until == 5 and state.poison_offset == 5 and Pause.BACKOFF in state.pauses
+
+
 def test_an_unknown_output_topic_holds_the_partition_until_it_is_looked_up() -> None:
     state, actions = step(active(0, 2), sm.TopicUnknown("elsewhere"))
     assert state.holding and actions == [sm.PausePartition(), sm.LookupTopic("elsewhere")]
