@@ -48,32 +48,31 @@ class Jobs:
             except BaseException as exc:  # raised on the loop thread when collected
                 completion = (None, exc)
             self._done.put((partition, token, completion))
-            then = partition.on_abandon
-            if then is not None:
-                partition.on_abandon = None
-                then()
             return completion
 
         executor = self._startup if startup else self._executor
         partition.job = (token, executor.submit(self._counted(run)))
 
     def abandon(self, partition: Partition, then: Callable[[], object]) -> None:
-        """The partition is gone; run ``then`` once its job (if any) has ended."""
-        partition.on_abandon = then
+        """The partition is gone; run ``then`` (close its producer) once its job, if
+        any, has ended, beside the loop.
+
+        A done-callback of the job's future: the future runs it exactly once, whether
+        it ends before or after this call (or is cancelled by a shutdown). The job
+        thread used to read a hook the loop set here, and each side could leave the
+        close to the other: the job read it just before the loop set it, the loop then
+        found the future not done yet, and the producer was never closed."""
         job = partition.job
-        if (job is None or job[1].done()) and partition.on_abandon is then:
-            partition.on_abandon = None  # the job ended before it could see ``then``
-            self.spawn(then)
+        if job is None or job[1].done():
+            self.spawn(then)  # not on the loop thread: a close may wait
+            return
+        # Should it end between these two lines, the future runs ``then`` at once,
+        # here on the loop thread: rare, and still correct.
+        job[1].add_done_callback(lambda _: self._counted(_logged(then))())
 
     def spawn(self, job: Callable[[], object]) -> Future[object]:
         """Fire and forget (closing a producer); failures are logged."""
-        def run() -> object:
-            try:
-                return job()
-            except Exception as exc:
-                log.warning("job.failed", error=str(exc), error_class=type(exc).__name__)
-                return None
-        return self._executor.submit(self._counted(run))
+        return self._executor.submit(self._counted(_logged(job)))
 
     def submit(self, job: Callable[[], object]) -> Future[object]:
         return self._executor.submit(self._counted(job))
@@ -127,3 +126,14 @@ class Jobs:
                 with self._lock:
                     self._running -= 1
         return run
+
+
+def _logged(job: Callable[[], object]) -> Callable[[], object]:
+    """``job``, its failure logged instead of raised (nobody waits for it)."""
+    def run() -> object:
+        try:
+            return job()
+        except Exception as exc:
+            log.warning("job.failed", error=str(exc), error_class=type(exc).__name__)
+            return None
+    return run

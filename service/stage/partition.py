@@ -3,7 +3,6 @@ a commit or a lookup runs, and the background work in flight for it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Future
 
 from confluent_kafka import Message, TopicPartition
@@ -31,7 +30,6 @@ class Partition:
         "held",
         "job",
         "key",
-        "on_abandon",
         "phase_since",
         "position",
         "rechecked",
@@ -78,8 +76,6 @@ class Partition:
         self.batch_since = 0.0
         self.batch_first_ts = self.batch_last_ts = -1  # its first and last record's timestamps
         self.releasing = False            # revoked, lost or stopping: start nothing new
-        # Released while a job ran: what to do (close its producer) once it ends.
-        self.on_abandon: Callable[[], object] | None = None
         self.waiting_topic: str | None = None
         self.phase_since = 0.0            # time.monotonic() of the last phase change
         self.stalled_warned = False       # partition.stalled was logged for this phase

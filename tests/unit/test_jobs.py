@@ -29,5 +29,61 @@ def test_inits_do_not_wait_behind_commits() -> None:
         jobs.shutdown()
 
 
+class EndHeld:
+    """Jobs' counter lock, its job thread held as the job ends (job() returned, its
+    completion queued) until the test lets it go: the moment the loop may abandon the
+    partition, seeing the job's future not done yet."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entered = 0
+        self.ending, self.go = threading.Event(), threading.Event()
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            self._entered += 1
+            if self._entered == 2:  # the first counted the job in; this counts it out
+                self.ending.set()
+                assert self.go.wait(5)
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def test_a_job_abandoned_as_it_ends_still_runs_what_the_release_left_it() -> None:
+    # The job thread read the abandon hook (None) just before the loop set it; the
+    # loop then found the future not done and left the close to the job: the detached
+    # producer was never closed.
+    jobs = Jobs()
+    held = EndHeld()
+    jobs._lock = held  # type: ignore[assignment]
+    partition, closed = Partition("in", 0), threading.Event()
+    try:
+        jobs.start(partition, lambda: None)
+        assert held.ending.wait(5)
+        jobs.abandon(partition, closed.set)
+        held.go.set()
+        assert closed.wait(5), "the abandoned job's producer was never closed"
+    finally:
+        held.go.set()
+        jobs.shutdown()
+
+
+def test_an_abandoned_job_already_over_or_never_started_runs_it_too() -> None:
+    jobs = Jobs()
+    over, idle = Partition("in", 0), Partition("in", 1)
+    try:
+        jobs.start(over, lambda: None)
+        assert over.job is not None
+        over.job[1].result(5)
+        closed = [threading.Event(), threading.Event()]
+        jobs.abandon(over, closed[0].set)
+        jobs.abandon(idle, closed[1].set)
+        assert all(event.wait(5) for event in closed)
+    finally:
+        jobs.shutdown()
+
+
 def _in(seconds: float) -> float:
     return time.monotonic() + seconds
