@@ -79,6 +79,7 @@ class Stage:
             # (ExactlyOnce: the transaction timeout + 30 s), with a margin.
             stuck_after_s=settings.transaction_timeout_ms / 1000 + 40,
             renew_after_abort=settings.exactly_once,  # at-least-once shares one producer
+            commits_deferred=not settings.exactly_once,  # at-least-once seals windows
         )
         self.loop = Loop(settings, transform, metrics, health, limits, self.consumer, committer,
                          policy)

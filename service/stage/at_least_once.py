@@ -236,14 +236,18 @@ class AtLeastOnce:
 
     def finish(self, key: TopicPartitionKey, txn: Txn | None, commit: bool, reason: str,
                group_metadata: GroupMetadata) -> None:
-        """Revoked: wait (bounded) for the outputs, then commit what was delivered,
+        """Revoked or stopping, healthy: seal the open window (if any), wait (bounded)
+        for the partition's outputs in flight, then commit what was delivered,
         synchronously and on the loop thread (inside the rebalance callback: a
-        consumer's synchronous calls must not come from another thread). A failed
-        commit only means the next owner sends those outputs again."""
+        consumer's synchronous calls must not come from another thread). With no
+        window open too: windows sealed earlier still wait for their offsets to be
+        committed. A failed commit only means the next owner sends those outputs
+        again."""
         if commit:
             self.commit(key, txn or Txn(0, 0, 0, 0.0), group_metadata)
-            self._producer.flush(_FLUSH_ON_RELEASE_S)
             windows = self._windows.get(key, deque())
+            if any(window.in_flight for window in windows):  # (the producer is shared)
+                self._producer.flush(_FLUSH_ON_RELEASE_S)
             while windows and windows[0].delivered:
                 self._deliverable[key] = windows.popleft().next
             try:

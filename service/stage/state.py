@@ -9,7 +9,7 @@ A partition is always in exactly one phase::
        │                         │ ▲                     │
        └── AbortDone (EOS: ──────┘ └── ProduceFailed / DeliveryFailed (ACTIVE;
            a new producer)                  ALO: DeliveryFailed from POSITIONING too)
-    any phase ──Released──▶ RELEASED  (revoked: commit if healthy, else abort; lost: abort)
+    any phase ──Released──▶ RELEASED  (revoked: commit what is healthy; lost: abort)
 
 Besides its phase a partition holds a set of pause reasons; the consumer pauses
 the partition while the set is non-empty. Waiting phases (INITIALISING,
@@ -116,6 +116,9 @@ class Policy:
     # held in the network past the client's time-out) is fenced instead of joining the
     # next transaction of the same producer id (librdkafka has no KIP-890 part 2).
     renew_after_abort: bool = True
+    # At-least-once: a commit only seals a delivery window, its offsets are committed
+    # once delivered, later. So a healthy release commits with no window open too.
+    commits_deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,7 +374,9 @@ class CloseProducer:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """Released: commit ``txn`` (falling back to an abort) or abort it; then close."""
+    """Released: commit ``txn`` (falling back to an abort) or abort it; then close.
+    At-least-once, ``commit`` also commits the windows sealed earlier once delivered,
+    and may come with no ``txn`` (none open)."""
 
     txn: Txn | None
     commit: bool
@@ -835,9 +840,14 @@ def _call_stuck(state: PartitionState, event: CallStuck, policy: Policy) -> Step
 
 @_on(Released)
 def _released(state: PartitionState, event: Released, policy: Policy) -> Step:
-    """Revoke: commit a healthy transaction, else abort; lost: abort, never commit.
+    """Revoke or stop: commit what is healthy, else abort; lost: abort, never commit.
     Either way the producer closes. The caller first waits (bounded) for work that
-    was running, so only a job that overran its wait is abandoned here."""
+    was running, so only a job that overran its wait is abandoned here.
+
+    At-least-once (``commits_deferred``) a healthy release commits with no window
+    open as well: a window just sealed leaves ``txn`` None while its offsets wait to
+    be delivered and committed. Told to commit nothing, the committer dropped them
+    (the next owner redid them) and did not wait for its outputs in flight."""
     phase, txn = state.phase, state.txn
     done = replace(state, phase=Phase.RELEASED, txn=None)
     if phase in (Phase.RELEASED, Phase.FENCED):
@@ -846,7 +856,9 @@ def _released(state: PartitionState, event: Released, policy: Policy) -> Step:
         return done, [DropHeld(), Abandon()]
     if state.commit_uncertain:  # it may have committed: close without an abort
         return done, [DropHeld(), Abandon()]
-    healthy = phase is Phase.ACTIVE and txn is not None and not event.lost
+    # ACTIVE or POSITIONING. Exactly-once: no transaction open, nothing to commit.
+    healthy = not event.lost and (policy.commits_deferred or (
+        phase is Phase.ACTIVE and txn is not None))
     return done, [DropHeld(), Finish(txn, healthy, event.reason)]
 
 

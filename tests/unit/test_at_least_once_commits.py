@@ -18,11 +18,15 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from service.admin import OutputLimits
 from service.errors import KafkaOperationError, PoisonRecordError
+from service.examples.square import square
+from service.health import Health
 from service.metrics import Metrics
 from service.processing import Produced
 from service.records import Record
 from service.settings import load_settings
+from service.stage import Stage
 from service.stage import state as sm
 from service.stage.at_least_once import AtLeastOnce
 from service.stage.state import DeliveryFailed, Event
@@ -231,3 +235,48 @@ def test_a_delivery_failure_while_positioning_does_not_stop_the_partitions_commi
     finally:
         answer.set()
         alo.shutdown(0)
+
+
+def test_a_healthy_release_right_after_a_seal_commits_the_delivered_offsets() -> None:
+    """Revoked or stopped with no window open (one sealed a moment before, its offsets
+    delivered but waiting for the commit interval): the partition was finished as if
+    unhealthy, its delivered offsets dropped, and the next owner redid the window."""
+    sent: list[list[TopicPartition]] = []
+    alo = AtLeastOnce(load_settings(SETTINGS), Metrics(CollectorRegistry()),
+                      lambda offsets, asynchronous: sent.append(offsets))
+    consumer = ScriptedConsumer(batches=[batch(0, 9), batch(10, 19)])
+    loop, _, partition = make_loop(consumer, TXSTAGE_GUARANTEE="at_least_once")
+    loop.committer = alo
+    loop.transform = lambda record: []  # nothing to deliver: no broker needed
+    loop.policy = replace(POLICY, renew_after_abort=False, commits_deferred=True)
+    try:
+        alo.init(partition.key)()
+        positioned(loop, partition, 0)
+        for now in (100.0, 100.01):  # (the poll's clock: within one commit interval)
+            loop.iterate()
+            loop.dispatch(partition, sm.CommitDue(time.monotonic()))  # sealed
+            alo.poll(now)  # delivered: the first commits at once, the second waits
+        assert partition.state.txn is None
+        assert [offsets(b) for b in sent] == [[("in", 0, 10)]]
+        loop.release([partition.key], lost=False, reason="shutdown",
+                     deadline=time.monotonic() + 1)
+        assert [offsets(b) for b in sent] == [[("in", 0, 10)], [("in", 0, 20)]]
+    finally:
+        alo.shutdown(0)
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_the_stage_tells_the_state_machine_which_commits_are_deferred(guarantee: str) -> None:
+    # Without it a healthy at-least-once release would commit only an open window.
+    settings = load_settings({**SETTINGS, "TXSTAGE_GUARANTEE": guarantee})
+    stage = Stage(settings, square, Metrics(CollectorRegistry()), Health(),
+                  cast(OutputLimits, SimpleNamespace(lookup=lambda topic: 1_000_000)),
+                  session_timeout_s=45.0)
+    try:
+        policy = stage.loop.policy
+        assert policy.commits_deferred is (guarantee == "at_least_once")
+        assert policy.renew_after_abort is (guarantee == "exactly_once")
+    finally:
+        stage.consumer.close()
+        stage.committer.shutdown(0)
+        stage.loop.jobs.shutdown()

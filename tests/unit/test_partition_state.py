@@ -27,7 +27,8 @@ from service.stage.state import Pause, Phase
 POLICY = sm.Policy(commit_interval_s=0.1, commit_max_records=1000, max_abort_streak=4,
                    retry_backoff_s=1.0, max_backoff_s=30.0, max_record_attempts=3,
                    reclaim_after_s=6.0, transaction_timeout_s=2.0)
-AT_LEAST_ONCE = replace(POLICY, renew_after_abort=False)  # one shared producer
+AT_LEAST_ONCE = replace(POLICY, renew_after_abort=False,  # one shared producer
+                        commits_deferred=True)    # a commit seals a delivery window
 
 
 def abortable(code: int = KafkaError._STATE, op: str = "produce") -> AbortableError:
@@ -404,6 +405,28 @@ def test_revoke_commits_a_healthy_transaction_and_lost_never_does() -> None:
     _, lost = step(state, sm.Released(True, 1.1, "lost"))
     assert revoked[-1] == sm.Finish(sm.Txn(0, 5, 5, 1.0), True, "revoked")
     assert lost[-1] == sm.Finish(sm.Txn(0, 5, 5, 1.0), False, "lost")
+
+
+def test_at_least_once_a_healthy_release_commits_with_no_window_open() -> None:
+    """A window sealed just before a revoke or SIGTERM leaves no ``txn``, its offsets
+    waiting to be delivered and committed: told to commit nothing, the committer
+    dropped them and the next owner redid them. Exactly-once has nothing open then."""
+    sealed, _ = step(active(0, 5), sm.CommitDue(1.0), sm.CommitDone(-1.0, 1.0),
+                     policy=AT_LEAST_ONCE)
+    assert sealed.phase is Phase.ACTIVE and sealed.txn is None
+    _, stopped = step(sealed, sm.Released(False, 1.1, "shutdown"), policy=AT_LEAST_ONCE)
+    _, lost = step(sealed, sm.Released(True, 1.1, "lost"), policy=AT_LEAST_ONCE)
+    assert stopped == [sm.DropHeld(), sm.Finish(None, True, "shutdown")]
+    assert lost == [sm.DropHeld(), sm.Finish(None, False, "lost")]
+    poison = PoisonRecordError("in", 0, 5, ValueError("bad"))  # the prefix sealed, positioning
+    positioning, _ = step(active(0, 5), sm.Poisoned(poison, 1.0), sm.CommitDone(-1.0, 1.0),
+                          policy=AT_LEAST_ONCE)
+    assert positioning.phase is Phase.POSITIONING
+    _, revoked = step(positioning, sm.Released(False, 1.1), policy=AT_LEAST_ONCE)
+    assert revoked == [sm.DropHeld(), sm.Finish(None, True, "revoked")]
+    committed, _ = step(active(0, 5), sm.CommitDue(1.0), sm.CommitDone(0.1, 1.1))
+    _, exactly_once = step(committed, sm.Released(False, 1.2, "shutdown"))
+    assert exactly_once == [sm.DropHeld(), sm.Finish(None, False, "shutdown")]
 
 
 def test_a_rebalance_during_a_commit_lets_it_end_before_releasing() -> None:
