@@ -25,7 +25,7 @@ from service.admin import Cluster, OutputLimits
 from service.checks import check_cluster, producer_max_bytes, session_timeout_s
 from service.errors import ConfigError, PoisonRecordError
 from service.health import Health, publish_readiness, serve
-from service.kafka_config import admin_config
+from service.kafka_config import admin_config, refused_configs
 from service.logs import configure_logging
 from service.lso_watch import LsoWatch
 from service.metrics import Metrics
@@ -80,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _validated(settings: Settings, *, wait_s: float) -> Cluster:
+    refused = refused_configs(settings)
+    if refused:
+        raise ConfigError(*refused)
     load_transform(settings.transform)
     cluster = Cluster(admin_config(settings))
     check_cluster(settings, cluster, wait_s=wait_s)

@@ -11,6 +11,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from pydantic import SecretStr
 
 from service.settings import Settings
@@ -138,3 +139,33 @@ def admin_config(settings: Settings) -> Config:
         "bootstrap.servers": settings.bootstrap_servers,
         "client.id": client_id(settings, "admin"),
     }
+
+
+def refused_configs(settings: Settings) -> list[str]:
+    """What librdkafka refuses in the clients these settings make, one problem per
+    client, naming the property as librdkafka does. Settings pass their own checks
+    and can still combine into a configuration librdkafka will not take (say
+    ``message.timeout.ms`` above ``transaction.timeout.ms``): found here, at start-up,
+    they exit 2 instead of failing with a traceback when the first producer is made.
+    The probe clients are created and closed at once (no request is waited for)."""
+    quiet: Config = {"log_level": 0, "error_cb": lambda error: None}
+    sample = settings.transactional_id(settings.input_topics[0], 0) \
+        if settings.exactly_once else None
+    problems = []
+    role = "pinned producer" if sample is not None else "producer"
+    try:
+        Producer({**producer_config(settings, sample), **quiet}).flush(0)
+    except KafkaException as exc:
+        problems.append(f"librdkafka refuses the {role} configuration: {_reason(exc)} "
+                        "(TXSTAGE_KAFKA__*, TXSTAGE_PRODUCER__*)")
+    try:
+        Consumer({**consumer_config(settings), **quiet}).close()
+    except KafkaException as exc:
+        problems.append(f"librdkafka refuses the consumer configuration: {_reason(exc)} "
+                        "(TXSTAGE_KAFKA__*, TXSTAGE_CONSUMER__*)")
+    return problems
+
+
+def _reason(exc: KafkaException) -> str:
+    error = exc.args[0] if exc.args else None
+    return str(error.str()) if isinstance(error, KafkaError) else str(exc)

@@ -257,7 +257,7 @@ class Loop:
                 or partition.seek_batch == self._batch:
             return False  # a stale fetch from before a seek
         if state.holding:
-            self._hold(partition, msg)
+            self._hold(partition, msg, saved)
             return False
         if state.phase is not sm.Phase.ACTIVE or (
                 state.pauses and sm.Pause.BACKOFF in state.pauses):
@@ -268,7 +268,7 @@ class Loop:
             room = state.room()
             if room is not None and room - partition.batch_records <= 0:
                 self.dispatch(partition, sm.CommitDue(now))  # the transaction is full
-                self._hold(partition, msg)
+                self._hold(partition, msg, saved)
                 return False
         refusal = state.refused.get(offset)
         record = to_record(msg)
@@ -326,7 +326,14 @@ class Loop:
                     transactional_id=self.committer.transactional_id(partition.key),
                     error_class=type(error).__name__, error=str(error))
 
-    def _hold(self, partition: Partition, msg: Message) -> None:
+    def _hold(self, partition: Partition, msg: Message,
+              saved: dict[int, list[Output]] | None = None) -> None:
+        """Hold a record, in order, with what the transform already yielded for it
+        (``saved``, when a held record is held again: it is not transformed twice)."""
+        if saved:
+            yielded = saved.pop(msg.offset(), None)  # type: ignore[arg-type]
+            if yielded is not None:
+                partition.saved[msg.offset()] = yielded  # type: ignore[index]
         partition.held.append(msg)
         if len(partition.held) == self.policy.backlog_limit:
             self.dispatch(partition, sm.BacklogFull())

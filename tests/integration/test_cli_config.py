@@ -45,6 +45,9 @@ def test_check_config_accepts_a_good_setup(stage: StageSetup) -> None:
         ({"TXSTAGE_CONSUMER__ENABLE_AUTO_COMMIT": "true"}, "enable.auto.commit cannot be set"),
         ({"TXSTAGE_COMMIT_INTERVAL_MS": "20000"}, "at most a tenth"),
         ({"TXSTAGE_METRICS_PORT_X": "1", "TXSTAGE_BATCH_SIZE": "lots"}, "TXSTAGE_BATCH_SIZE"),
+        # Each accepted alone, refused together by librdkafka (a traceback, exit 1, once):
+        ({"TXSTAGE_PRODUCER__MESSAGE_TIMEOUT_MS": "120000"},
+         "`message.timeout.ms` must be set <= `transaction.timeout.ms`"),
     ],
 )
 @pytest.mark.parametrize("command", ["run", "check-config"])

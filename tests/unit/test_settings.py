@@ -3,7 +3,7 @@
 import pytest
 
 from service.errors import ConfigError
-from service.kafka_config import consumer_config, producer_config
+from service.kafka_config import consumer_config, producer_config, refused_configs
 from service.settings import load_settings
 
 BASE = {
@@ -116,6 +116,22 @@ def test_where_a_partition_with_nothing_committed_starts(env: dict[str, str],
     assert consumer_config(settings)["auto.offset.reset"] == (
         env.get("TXSTAGE_CONSUMER__AUTO_OFFSET_RESET")
         or env.get("TXSTAGE_KAFKA__AUTO_OFFSET_RESET", "earliest"))
+
+
+@pytest.mark.parametrize(("env", "fragment"), [
+    ({"TXSTAGE_PRODUCER__MESSAGE_TIMEOUT_MS": "120000"},
+     "pinned producer configuration: Failed to create producer: `message.timeout.ms`"),
+    ({"TXSTAGE_KAFKA__SOCKET_TIMEOUT_MS": "120000"}, "`socket.timeout.ms` must be set <="),
+    ({"TXSTAGE_CONSUMER__FETCH_MAX_BYTES": "lots"},
+     'consumer configuration: Invalid value for configuration property "fetch.max.bytes"'),
+])
+def test_what_librdkafka_refuses_is_named_before_anything_starts(env: dict[str, str],
+                                                                 fragment: str) -> None:
+    # Each setting passes alone; librdkafka refuses the combination when it builds the
+    # client, which used to be the first pinned producer: a traceback and exit 1.
+    [problem] = refused_configs(load_settings({**BASE, **env}))
+    assert fragment in problem, problem
+    assert refused_configs(load_settings(BASE)) == []
 
 
 def test_every_problem_gets_its_own_line() -> None:
