@@ -374,9 +374,10 @@ class Loop:
                 if not partition.releasing:
                     self.jobs.start(partition, self.committer.init(partition.key, replacing),
                                     startup=True)
-            case sm.LookupPosition():
+            case sm.LookupPosition(after_commit):
                 if not partition.releasing:
-                    self.jobs.start(partition, self._lookup_position(partition), startup=True)
+                    self.jobs.start(partition, self._lookup_position(partition, after_commit),
+                                    startup=True)
             case sm.StartCommit(txn):
                 self._run(partition, self.committer.commit(
                     partition.key, txn, self._take_group_metadata))
@@ -536,13 +537,18 @@ class Loop:
         partition.refresh_flowing()
         return True
 
-    def _lookup_position(self, partition: Partition) -> Job:
+    def _lookup_position(self, partition: Partition, after_commit: bool = False) -> Job:
         """The offset committed in Kafka. Asked with RequireStable, so a transaction
         still holding offsets for the partition settles first. This runs only after
         this replica's own init_transactions or abort_transaction returned, and both
         return only once every earlier transaction of the partition's id is
         complete; so when the broker does not answer a stable read in time (seen
-        after a broker restart), the plain committed offset is just as right."""
+        after a broker restart), the plain committed offset is just as right. Not
+        ``after_commit`` (a poison retry's reposition): commit_transaction returns
+        once the coordinator has decided, before the markers that apply the
+        transaction's offsets are written, and a plain read then may give the offset
+        before it (its records would be processed twice). That lookup reads stable
+        only, until the deadline."""
         topic, number = partition.key
         deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000 + 30
         cluster, group = self.limits.cluster, self.settings.group_id
@@ -559,7 +565,7 @@ class Loop:
                         error.code == KafkaError.UNSTABLE_OFFSET_COMMIT
                     if not pending or time.monotonic() >= deadline:
                         return sm.PositionFailed(error)
-                    stable = error.code != KafkaError._TIMED_OUT
+                    stable = after_commit or error.code != KafkaError._TIMED_OUT
                     log.info("position.retry", topic=topic, partition=number, error=str(error),
                              stable=stable)
                     time.sleep(_LOOKUP_RETRY_S)

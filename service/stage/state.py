@@ -354,7 +354,11 @@ class StartInit:
 
 @dataclass(frozen=True, slots=True)
 class LookupPosition:
-    pass
+    """Read the offset committed in Kafka. ``after_commit``: right after this
+    partition's own commit, whose offsets may not be applied yet (the coordinator
+    answers EndTxn before it writes the markers): only a stable read will do."""
+
+    after_commit: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -605,7 +609,7 @@ def _commit_done(state: PartitionState, event: CommitDone, policy: Policy) -> St
     report = Committed(txn, event.seconds)
     if state.reposition_after_commit:
         return replace(committed, phase=Phase.POSITIONING, reposition_after_commit=False), [
-            report, DropHeld(), LookupPosition()]
+            report, DropHeld(), LookupPosition(after_commit=True)]
     return replace(committed, phase=Phase.ACTIVE), [report, DrainHeld()]
 
 

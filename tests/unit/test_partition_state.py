@@ -228,6 +228,7 @@ def test_poison_without_dead_letter_topic_commits_the_prefix_then_retries_from_k
     state, actions = step(state, sm.CommitDone(0.01, 1.1))
     assert state.phase is Phase.POSITIONING
     assert kinds(actions) == ["Committed", "DropHeld", "LookupPosition"]
+    assert actions[-1] == sm.LookupPosition(after_commit=True)  # a stable read only
     state, actions = step(state, sm.Positioned(5, 1.2))
     assert actions == [sm.Seek(5)] and state.paused  # still backing off
     state, actions = step(state, sm.Tick(2.5))
