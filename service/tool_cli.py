@@ -8,9 +8,22 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaException
 
-from service.errors import ConfigError, KafkaOperationError
+from service.errors import ConfigError, DeniedError, KafkaOperationError
+from service.kafka_config import refused_configs
+from service.settings import Settings, load_settings
 
 EXIT_CONFIG, EXIT_UNFINISHED = 2, 4
+
+
+def tool_settings() -> Settings:
+    """The stage's settings, checked as ``txstage run`` checks them: also what
+    librdkafka would refuse in its clients (else a tool failed making its first
+    client, "could not finish", exit 4)."""
+    settings = load_settings()
+    refused = refused_configs(settings)
+    if refused:
+        raise ConfigError(*refused)
+    return settings
 
 
 def run_tool(name: str, body: Callable[[], int], *, unfinished_hint: str = "") -> int:
@@ -18,6 +31,9 @@ def run_tool(name: str, body: Callable[[], int], *, unfinished_hint: str = "") -
     exit 2 naming it, a cluster failure or a time-out 4."""
     try:
         return body()
+    except DeniedError as exc:  # before KafkaOperationError: a permission, not the cluster
+        print(f"txstage {name}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"txstage {name}: config error: {problem}", file=sys.stderr)

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from service.audit.run import audit
 from service.backfill.specs import Timestamp, parse_bound
 from service.kafka_config import admin_config
-from service.settings import load_settings
-from service.tool_cli import run_tool
+from service.tool_cli import run_tool, tool_settings
 from service.transform import load_transform
 
 EXIT_CLEAN, EXIT_VIOLATIONS = 0, 1  # 2 and 4: service/tool_cli.py
@@ -74,7 +73,7 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    settings = load_settings()
+    settings = tool_settings()
     start = (Timestamp(round((time.time() - args.last) * 1000)) if args.last is not None
              else parse_bound(args.start, "--from"))
     transform = load_transform(settings.transform)

@@ -18,8 +18,8 @@ from service.errors import ConfigError
 from service.kafka_config import admin_config, producer_config
 from service.redrive.letters import Filter
 from service.redrive.run import redrive, transactional_id
-from service.settings import Settings, load_settings
-from service.tool_cli import run_tool
+from service.settings import Settings
+from service.tool_cli import run_tool, tool_settings
 from service.transform import load_transform
 
 EXIT_DONE = 0  # 2 and 4: service/tool_cli.py
@@ -63,7 +63,7 @@ def _ms(text: str | None, name: str) -> int | None:
 
 
 def _settings() -> Settings:
-    settings = load_settings()
+    settings = tool_settings()
     if not settings.dlq_topic:
         raise ConfigError("TXSTAGE_DLQ_TOPIC: not set: there is no dead-letter topic to "
                           "redrive")

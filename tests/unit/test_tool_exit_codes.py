@@ -1,0 +1,48 @@
+"""``txstage audit`` and ``txstage redrive`` exit as the stage does on bad settings: 2,
+naming what is wrong, not 4 ("could not finish", which for redrive says a rerun
+resumes). Settings librdkafka refuses in combination and a missing permission both
+used to come out of the tools as 4."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError
+
+from service.audit import cli as audit_cli
+from service.errors import DeniedError, Where
+from service.redrive import cli as redrive_cli
+from service.tool_cli import EXIT_CONFIG, run_tool
+
+ENV = {"TXSTAGE_BOOTSTRAP_SERVERS": "127.0.0.1:1", "TXSTAGE_GROUP_ID": "g",
+       "TXSTAGE_INPUT_TOPICS": "in", "TXSTAGE_OUTPUT_TOPIC": "out",
+       "TXSTAGE_DLQ_TOPIC": "dlq", "TXSTAGE_TRANSFORM": "service.examples.square:square",
+       "TXSTAGE_KAFKA__SECURITY_PROTOCOL": "sasl_ssll"}  # a typo librdkafka refuses
+
+
+@pytest.fixture(autouse=True)
+def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)  # no .env
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize(("tool", "argv"), [(audit_cli.main, ["--json"]),
+                                            (redrive_cli.main, [])])
+def test_a_tool_exits_2_naming_what_librdkafka_refuses(
+        tool: object, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code = tool(argv)  # type: ignore[operator]
+    err = capsys.readouterr().err
+    assert code == EXIT_CONFIG, err
+    assert "security.protocol" in err and "could not finish" not in err
+
+
+def test_a_missing_permission_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    def body() -> int:
+        raise DeniedError(Where("produce", None, "out", 0),
+                          KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"))
+
+    assert run_tool("redrive", body, unfinished_hint=" (a rerun resumes)") == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "permission denied" in err and "could not finish" not in err
