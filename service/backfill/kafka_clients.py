@@ -26,6 +26,15 @@ def progress_consumer(settings: Settings) -> Consumer:
     return Consumer({**consumer_config(settings), "enable.partition.eof": True})
 
 
+def range_consumer(settings: Settings) -> Consumer:
+    """A progress consumer for a range of input assigned at its first offset. Offsets
+    that retention deleted are an error, not a jump: librdkafka's reset to the log start
+    (the stage's ``auto.offset.reset``) read on from there, and the slice was marked
+    done with its head missing."""
+    return Consumer({**consumer_config(settings), "enable.partition.eof": True,
+                     "auto.offset.reset": "error"})
+
+
 def watermark_consumer(settings: Settings) -> Consumer:
     """Asks for the high watermark only, which read_committed would report as the last
     stable offset; it never reads a record, so read_uncommitted cannot leak anything."""

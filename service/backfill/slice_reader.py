@@ -24,6 +24,11 @@ from service.messages import to_record
 from service.records import Record
 from service.settings import Settings
 
+
+class InputGoneError(RuntimeError):
+    """Part of a slice's range was deleted (retention) before its task read it."""
+
+
 BATCH = 1000  # messages per consume() call, at most
 WAIT_S = 0.1  # per consume(): how late a gap (markers, aborted records) at the end is seen
 IDLE_TIMEOUT_S = 60.0  # no message nor end-of-partition for this long: fail the task
@@ -34,10 +39,12 @@ def read_range(settings: Settings, topic: str, partition: int, start: int, end: 
     """The committed records of ``topic``/``partition`` in ``[start, end)``, in offset order.
 
     Raises KafkaException on a fetch error and TimeoutError when Kafka returns nothing
-    for ``idle_timeout_s`` (Spark retries the task; the retry resumes from progress)."""
+    for ``idle_timeout_s`` (Spark retries the task; the retry resumes from progress);
+    InputGoneError when an offset of the range no longer exists (retention), which no
+    retry mends: the job fails, as docs/backfill.md says."""
     if start >= end:
         return
-    consumer = kafka_clients.progress_consumer(settings)  # read_committed, reports the end
+    consumer = kafka_clients.range_consumer(settings)  # read_committed, reports the end
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         yield from _records(consumer, start, end, idle_timeout_s)
@@ -63,6 +70,11 @@ def _records(consumer: Consumer, start: int, end: int,
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     return  # the last stable offset: nothing more is readable now
+                if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                    raise InputGoneError(
+                        f"{message.topic()}/{message.partition()}: offset {expected} is no "
+                        f"longer in Kafka (retention deleted it while the job ran): the "
+                        f"range {start}..{end - 1} cannot be read whole ({error.str()})")
                 raise KafkaException(error)
             offset: int = message.offset()  # type: ignore[assignment]
             if offset >= end:

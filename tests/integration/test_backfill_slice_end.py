@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from service.backfill import config, kafka_clients
+from service.backfill.slice_reader import InputGoneError, read_range
 from service.backfill.specs import parse_sink, parse_source
 from tests.harness.kafka import KafkaService
 from tests.harness.reading import end_offsets
@@ -68,3 +70,25 @@ def test_first_unread_skips_markers_and_aborted_records_but_not_a_committed_one(
         assert first_unread(11, 12) is None
     finally:
         producer.abort_transaction(30)
+
+
+def test_a_range_whose_head_retention_deleted_fails_instead_of_reading_on(
+        kafka: KafkaService, new_topic: NewTopic, unique_name: Callable[[str], str]) -> None:
+    # Review finding: the slice's reader was assigned at the range's first offset and,
+    # those offsets gone, librdkafka reset it to the log start (auto.offset.reset
+    # earliest) without an error; the slice was then marked done with its head missing.
+    topic = new_topic(partitions=1, prefix="in")
+    settings = config.build(config.Flags(
+        source=parse_source(f"kafka://{topic}"), sink=parse_sink("kafka://unused"),
+        job_id=unique_name("gone"), transform="service.examples.square:square",
+        bootstrap_servers=kafka.bootstrap, dlq_topic=""), {}).kafka()
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(200):
+        producer.produce(topic, str(i).encode(), partition=0)
+    assert producer.flush(30) == 0
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    [deleted] = admin.delete_records([TopicPartition(topic, 0, 50)]).values()
+    deleted.result(30)  # offsets 0-49 are gone, as retention would delete them
+    with pytest.raises(InputGoneError, match=f"{topic}/0: offset 0 is no longer in Kafka"):
+        list(read_range(settings, topic, 0, 0, 200, idle_timeout_s=20))
+    assert [r.offset for r in read_range(settings, topic, 0, 50, 60)] == list(range(50, 60))

@@ -46,7 +46,7 @@ class ScriptedConsumer:
 
 
 def read(consumer: ScriptedConsumer, start: int, end: int, **kwargs: float) -> list[int]:
-    with patch("service.backfill.kafka_clients.progress_consumer", return_value=consumer):
+    with patch("service.backfill.kafka_clients.range_consumer", return_value=consumer):
         return [r.offset for r in slice_reader.read_range(SETTINGS, "in", 3, start, end,
                                                           **kwargs)]
 
@@ -92,3 +92,25 @@ def test_kafka_silent_past_the_idle_timeout_fails_the_read() -> None:
     consumer = ScriptedConsumer([])
     with pytest.raises(TimeoutError):
         read(consumer, 10, 20, idle_timeout_s=0.0)
+
+
+def test_offsets_retention_deleted_fail_the_read_instead_of_jumping() -> None:
+    # With auto.offset.reset=error librdkafka reports the out-of-range start instead of
+    # reading on from the log start (the slice was marked done, its head missing).
+    gone = Message(topic="in", partition=3, offset=-1001,
+                   error=KafkaError(KafkaError._AUTO_OFFSET_RESET, "Offset out of range"))
+    with pytest.raises(slice_reader.InputGoneError, match="in/3: offset 10 is no longer"):
+        read(ScriptedConsumer([[gone]]), 10, 20)
+
+
+def test_the_range_reader_does_not_reset_to_the_log_start() -> None:
+    from service.backfill.kafka_clients import range_consumer
+    from service.settings import load_settings
+
+    settings = load_settings({"TXSTAGE_BOOTSTRAP_SERVERS": "127.0.0.1:1", "TXSTAGE_GROUP_ID": "g",
+                              "TXSTAGE_INPUT_TOPICS": "in", "TXSTAGE_OUTPUT_TOPIC": "out",
+                              "TXSTAGE_TRANSFORM": "service.examples.square:square"})
+    with patch("service.backfill.kafka_clients.Consumer") as made:
+        range_consumer(settings)
+    config = made.call_args.args[0]
+    assert config["auto.offset.reset"] == "error" and config["enable.partition.eof"]
