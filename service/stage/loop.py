@@ -750,7 +750,13 @@ class Loop:
         for partition in leaving:
             self._dispatch_recording(partition, sm.Released(lost, now, reason))
         for partition in leaving:
-            self.jobs.wait(partition, deadline)  # a Finish that overruns closes its own producer
+            # A Finish that overruns closes its own producer. What a job that ended
+            # meanwhile found is still reported (a commit that met the successor's fence
+            # as a paused replica resumed): taken here, its completion never reached
+            # ``settle`` and the fence went unsaid.
+            completion = self.jobs.wait(partition, deadline)
+            if completion is not None and completion[0] is not None:
+                self._abandoned(partition, completion[0])  # type: ignore[arg-type]
             del self.partitions[partition.key]
             with contextlib.suppress(KeyError):
                 self.metrics.consumer_lag.remove(partition.topic, str(partition.partition))

@@ -65,6 +65,35 @@ def test_a_fence_found_by_a_commit_abandoned_on_loss_is_reported() -> None:
     assert loop.metrics.producers_fenced._value.get() == 1
 
 
+def test_a_fence_found_by_a_commit_ending_during_the_release_is_reported() -> None:
+    # The same, the commit ending while the release runs: after the partition's
+    # Released (its Abandon detaches the producer, here the moment the commit ends) the
+    # release waits once more for the job and took its completion, fence and all,
+    # without a word. Seen in CI once the close of an abandoned producer moved out of
+    # the job (the future is done as soon as the commit returns).
+    loop, _, partition = make_loop(ScriptedConsumer())
+    answer = threading.Event()
+    fenced = FencedError(Where("send_offsets_to_transaction", "g.in.0", "in", 0),
+                         KafkaError(KafkaError._FENCED, "fenced by a newer instance"))
+
+    class EndingOnDetach(DetachingCommitter):
+        def detach(self, key: TopicPartitionKey) -> object:
+            answer.set()  # the commit ends now
+            assert partition.job is not None
+            partition.job[1].result(5)
+            return lambda: None
+
+    loop.committer = EndingOnDetach()  # type: ignore[assignment]
+    partition.state = replace(partition.state, phase=sm.Phase.COMMITTING,
+                              txn=sm.Txn(0, 10, 10, 0.0))
+    loop.jobs.start(partition, lambda: (answer.wait(5), sm.CommitFailed(fenced, (), 0.0))[1])
+    with capture_logs() as logs:
+        loop.release([partition.key], lost=True, reason="lost", deadline=time.monotonic())
+        loop.settle(time.monotonic())
+    assert [e["on"] for e in logs if e["event"] == "producer.fenced"] == ["abandoned"]
+    assert loop.metrics.producers_fenced._value.get() == 1
+
+
 class GatedProducer:
     """A pinned producer whose init_transactions returns when its test says so; it
     joins ``made`` as init_transactions starts."""
