@@ -172,15 +172,18 @@ class _Writer:
         self.pending = []
 
     def _commit(self, producer: PinnedProducer) -> None:
+        """Write the batch in one transaction. A failed delivery names the number the
+        producer was given with the output: here the letter's index in the batch, not
+        its offset, which is unique only within its DLQ partition (a refusal of
+        ``dlq/0/5``'s output would re-dead-letter ``dlq/1/5`` too)."""
         for attempt in range(_ATTEMPTS):
             producer.begin()
-            for letter, result in self.pending:
-                producer.produce_all(_marked(letter, result), letter.offset)
+            for index, (letter, result) in enumerate(self.pending):
+                producer.produce_all(_marked(letter, result), index)
                 mark = {"outputs": 0 if result.dead_lettered else len(result.outputs),
                         "dead_lettered": result.dead_lettered, "at": int(time.time() * 1000)}
                 producer.produce(Produced(self.marks, letter.coordinates.encode(),
-                                          json.dumps(mark).encode(), []), letter.offset,
-                                 partition=0)
+                                          json.dumps(mark).encode(), []), index, partition=0)
             try:
                 producer.commit()
                 self.report.transactions += 1
@@ -194,8 +197,8 @@ class _Writer:
                 self.pending = [
                     (letter, refused(letter.original, OutputRefusedError(
                         "the broker refused an output of the redriven record"),
-                        self.dlq_topic) if letter.offset in refusals else result)
-                    for letter, result in self.pending]
+                        self.dlq_topic) if index in refusals else result)
+                    for index, (letter, result) in enumerate(self.pending)]
 
 
 def _marked(letter: Letter, result: Result) -> list[Produced]:
