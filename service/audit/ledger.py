@@ -14,9 +14,12 @@ per *violation* and per *dead letter* come on top (sets: dead letters are rare).
 Dead letters: an input the transform fails on *now* must have a dead letter (and no
 output). An input it succeeds on may also have letters — from when it failed, before a
 fix — with either no outputs yet (``pending``: not redriven yet, not a violation) or
-the outputs ``txstage redrive`` wrote, marked ``txstage.redriven``. Outputs *and* a
-letter without that mark are a duplicate. Letters of one input differ by their redrive
-attempt; two of the same attempt are a duplicate.
+the outputs ``txstage redrive`` wrote, marked ``txstage.redriven``. A letter written at
+write time instead of outputs (refused by the broker, too large) stands for them: it
+is not pending, and the outputs redrive writes once the cause is fixed replace it the
+same way. Outputs *and* a letter without that mark are a duplicate. Letters of one
+input, of either kind, differ by their redrive attempt (the stage writes attempt 0, the
+n-th redrive n); two of the same attempt are a duplicate.
 """
 
 from __future__ import annotations
@@ -57,9 +60,9 @@ class PartitionLedger:
         self.got = array("I", bytes(4 * size))
         self._wide: dict[int, int] = {}
         self._seen_high: set[tuple[int, int]] = set()
-        self._replaced: set[int] = set()
+        self._replaced: set[int] = set()  # a write-time dead letter stands for its outputs
         self._must_letter: set[int] = set()  # the transform fails on it now
-        self._letters: dict[int, set[int]] = {}  # dead letters seen: their attempts
+        self._letters: dict[int, set[int]] = {}  # dead letters seen (either kind): attempts
         self._redriven: set[int] = set()  # outputs written by txstage redrive
 
     def __contains__(self, offset: int) -> bool:
@@ -82,26 +85,26 @@ class PartitionLedger:
         """The transform fails on the input at ``offset``: it must be dead-lettered."""
         self._must_letter.add(offset - self.start)
 
-    def letter(self, offset: int, attempt: int) -> Finding | None:
+    def letter(self, offset: int, attempt: int, *,
+               replaces_outputs: bool = False) -> Finding | None:
         """A dead letter of the input at ``offset`` was read (``attempt``: 0 from the
-        stage, n from the n-th redrive)."""
-        attempts = self._letters.setdefault(offset - self.start, set())
+        stage, n from the n-th redrive). ``replaces_outputs``: it was written instead of
+        outputs at write time (the broker refused one, or one was too large), which the
+        transform alone cannot foresee: it stands for them all."""
+        i = offset - self.start
+        attempts = self._letters.setdefault(i, set())
         if attempt in attempts:
             return Finding.DUPLICATE
         attempts.add(attempt)
+        if replaces_outputs:
+            self._replaced.add(i)
         return None
 
     def see(self, offset: int, index: int, output_digest: int, *,
-            replaces_outputs: bool = False, redriven: bool = False) -> Finding | None:
-        """An output of the input at ``offset`` was read. ``replaces_outputs``: it is a
-        dead letter written instead of outputs the broker refused (or that were too
-        large), which the transform alone cannot foresee: it stands for them all."""
+            redriven: bool = False) -> Finding | None:
+        """An output of the input at ``offset`` was read (``redriven``: written by
+        ``txstage redrive``, in place of a dead letter)."""
         i = offset - self.start
-        if replaces_outputs:
-            if i in self._replaced:
-                return Finding.DUPLICATE
-            self._replaced.add(i)
-            return None
         if redriven:
             self._redriven.add(i)
         if index < _MASK_BITS:
@@ -127,10 +130,11 @@ class PartitionLedger:
         every output was seen; and inputs dead-lettered but not redriven (PENDING)."""
         for i in range(self.end - self.start):
             letters = self._letters.get(i)
-            if i in self._replaced:
+            if i in self._replaced and i not in self._redriven:
                 if self.seen[i] or any(k == i for k, _ in self._seen_high):
                     yield Finding.DUPLICATE, self.start + i  # outputs and their dead letter
                 continue
+            # Redriven outputs replace a write-time letter: checked as any outputs are.
             if i in self._must_letter:
                 if not letters:
                     yield Finding.MISSING, self.start + i

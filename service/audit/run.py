@@ -133,12 +133,12 @@ class _Audit:
             report.outputs_ahead += 1
             return
         error_class = marks.get(ERROR_CLASS) if msg.topic() == self.dlq_topic else None
-        if error_class is not None and error_class not in _WRITE_TIME:
-            found = ledger.letter(tag.offset, int(attempt or 0))
+        if error_class is not None:
+            found = ledger.letter(tag.offset, int(attempt or 0),
+                                  replaces_outputs=error_class in _WRITE_TIME)
         else:
             found = ledger.see(tag.offset, tag.idx,
                                digest(tag.idx, str(msg.topic()), msg.key(), msg.value()),
-                               replaces_outputs=error_class is not None,
                                redriven=redrive is not None)
         if found is not None:
             report.add(found.value, f"{tag.topic}/{tag.partition}/{tag.offset} "

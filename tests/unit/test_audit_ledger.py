@@ -46,8 +46,8 @@ def test_a_write_time_dead_letter_stands_for_all_outputs_but_not_beside_them() -
     ledger = PartitionLedger(0, 2)
     ledger.expect(0, outputs(b"a", b"b"))
     ledger.expect(1, outputs(b"c"))
-    assert ledger.see(0, 0, 123, replaces_outputs=True) is None
-    assert ledger.see(1, 0, 456, replaces_outputs=True) is None
+    assert ledger.letter(0, 0, replaces_outputs=True) is None
+    assert ledger.letter(1, 0, replaces_outputs=True) is None
     assert ledger.see(1, 0, digest(0, "out", b"k", b"c")) is None  # and its output too
     assert list(ledger.findings()) == [(Finding.DUPLICATE, 1)]
 
@@ -91,3 +91,28 @@ def test_a_dead_letter_later_redriven_is_clean_and_one_not_yet_redriven_is_pendi
     assert ledger.see(0, 0, digest(0, "out", b"k", b"v"), redriven=True) is None
     assert ledger.see(2, 0, digest(0, "out", b"k", b"v")) is None  # not by redrive
     assert list(ledger.findings()) == [(Finding.PENDING, 1), (Finding.DUPLICATE, 2)]
+
+
+def test_write_time_letters_of_one_input_differ_by_their_redrive_attempt() -> None:
+    # The stage dead-lettered input 0 (its output too large), a redrive met a refusal
+    # again (attempt 1): two letters, no duplicate. A second letter of attempt 1 is one.
+    ledger = PartitionLedger(0, 1)
+    ledger.expect(0, outputs(b"v"))
+    assert ledger.letter(0, 0, replaces_outputs=True) is None
+    assert ledger.letter(0, 1, replaces_outputs=True) is None
+    assert list(ledger.findings()) == []
+    assert ledger.letter(0, 1, replaces_outputs=True) is Finding.DUPLICATE
+    assert ledger.letter(0, 1) is Finding.DUPLICATE  # whatever the letter's kind
+
+
+def test_outputs_redriven_in_place_of_a_write_time_letter_are_checked_like_any() -> None:
+    ledger = PartitionLedger(0, 3)
+    for offset in range(3):  # the outputs were refused; the topic was fixed, redriven
+        ledger.expect(offset, outputs(b"a", b"b"))
+        assert ledger.letter(offset, 0, replaces_outputs=True) is None
+    for index, value in enumerate([b"a", b"b"]):
+        assert ledger.see(0, index, digest(index, "out", b"k", value), redriven=True) is None
+    assert ledger.see(1, 0, digest(0, "out", b"k", b"a"), redriven=True) is None
+    assert ledger.see(2, 0, digest(0, "out", b"k", b"a"), redriven=True) is None
+    assert ledger.see(2, 1, digest(1, "out", b"k", b"not b"), redriven=True) is None
+    assert list(ledger.findings()) == [(Finding.MISSING, 1), (Finding.MISMATCHED, 2)]

@@ -1,0 +1,114 @@
+"""The audit's judgement of dead letters and the outputs ``txstage redrive`` writes in
+their place, on records built by the code that writes them (the stage's dead letters,
+redrive's marks) and read as the audit reads them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from service.audit.ledger import PartitionLedger
+from service.audit.report import AuditReport
+from service.audit.run import _Audit
+from service.processing import OutputRefusedError, Produced, Result, process, refused
+from service.records import Output, Record
+from service.redrive.letters import Letter, parse
+from service.redrive.run import _marked
+
+INPUT = Record("in", 0, 0, 1000, b"k", b"v")
+
+
+class Message:
+    """What the audit reads of a consumed record."""
+
+    def __init__(self, topic: str, partition: int, offset: int, out: Produced | Record
+                 ) -> None:
+        self._where = (topic, partition, offset)
+        self._key, self._value = out.key, out.value
+        self._headers = list(out.headers)
+
+    def topic(self) -> str:
+        return self._where[0]
+
+    def partition(self) -> int:
+        return self._where[1]
+
+    def offset(self) -> int:
+        return self._where[2]
+
+    def timestamp(self) -> tuple[int, int]:
+        return (0, 1000)
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self._headers
+
+
+def copy(record: Record) -> list[Output]:
+    return [Output(record.value, record.key)]
+
+
+def unlimited(topic: str) -> int:
+    return 1 << 20
+
+
+def too_small(topic: str) -> int:
+    return 10
+
+
+def refused_by_the_broker(record: Record) -> Result:
+    return refused(record, OutputRefusedError("refused"), "dlq")
+
+
+def too_large_for_its_topic(record: Record) -> Result:
+    return process(copy, record, default_topic="out", dlq_topic="dlq", max_bytes=too_small)
+
+
+def read(letter: Produced, offset: int) -> Letter:
+    """The letter at dlq/0/``offset`` as redrive reads it."""
+    parsed = parse("dlq", 0, offset, 1000, letter.key, letter.value, letter.headers)
+    assert parsed is not None
+    return parsed
+
+
+def audit(*written: tuple[str, int, Produced]) -> AuditReport:
+    run = _Audit({}, copy, "out", "dlq", "test.audit", 1.0, AuditReport())
+    run.ledgers = {("in", 0): PartitionLedger(0, 1)}
+    run._input(Message("in", 0, 0, INPUT))
+    for topic, offset, out in written:
+        run._output(Message(topic, 0, offset, out))
+    run.judge()
+    return run.report
+
+
+@pytest.mark.parametrize("stage_letter", [refused_by_the_broker, too_large_for_its_topic])
+def test_fixing_the_cause_of_a_write_time_letter_then_redriving_audits_clean(
+        stage_letter: Callable[[Record], Result]) -> None:
+    [letter] = stage_letter(INPUT).outputs  # dlq/0/0, attempt 0
+    assert audit(("dlq", 0, letter)).ok
+
+    # A redrive before the fix: the broker refuses the output again; redrive writes the
+    # letter again with txstage.redrive.attempt 1.
+    first = read(letter, 0)
+    [again] = _marked(first, refused(first.original, OutputRefusedError("refused"), "dlq"))
+    assert dict(again.headers)["txstage.redrive.attempt"] == b"1"
+    report = audit(("dlq", 0, letter), ("dlq", 1, again))
+    assert report.ok and report.letters_pending == 0, report.to_json()
+
+    # The cause fixed, a redrive writes the output, marked txstage.redriven.
+    second = read(again, 1)
+    [output] = _marked(second, process(copy, second.original, default_topic="out",
+                                       dlq_topic="dlq", max_bytes=unlimited))
+    report = audit(("dlq", 0, letter), ("dlq", 1, again), ("out", 0, output))
+    assert report.ok and report.letters_pending == 0, report.to_json()
+
+    # Its output beside the letter without redrive's mark is still a duplicate.
+    plain = process(copy, INPUT, default_topic="out", dlq_topic="dlq", max_bytes=unlimited)
+    report = audit(("dlq", 0, letter), ("out", 0, plain.outputs[0]))
+    assert report.violations["duplicate"].count == 1, report.to_json()
