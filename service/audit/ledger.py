@@ -15,11 +15,11 @@ Dead letters: an input the transform fails on *now* must have a dead letter (and
 output). An input it succeeds on may also have letters — from when it failed, before a
 fix — with either no outputs yet (``pending``: not redriven yet, not a violation) or
 the outputs ``txstage redrive`` wrote, marked ``txstage.redriven``. A letter written at
-write time instead of outputs (refused by the broker, too large) stands for them: it
-is not pending, and the outputs redrive writes once the cause is fixed replace it the
-same way. Outputs *and* a letter without that mark are a duplicate. Letters of one
-input, of either kind, differ by their redrive attempt (the stage writes attempt 0, the
-n-th redrive n); two of the same attempt are a duplicate.
+write time instead of outputs (refused by the broker, too large, to a topic that does
+not exist) stands for them: it is not pending, and the outputs redrive writes once the
+cause is fixed replace it the same way. Outputs *and* a letter without that mark are a
+duplicate. Letters of one input, of either kind, differ by their redrive attempt (the
+stage writes attempt 0, the n-th redrive n); two of the same attempt are a duplicate.
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ class PartitionLedger:
                replaces_outputs: bool = False) -> Finding | None:
         """A dead letter of the input at ``offset`` was read (``attempt``: 0 from the
         stage, n from the n-th redrive). ``replaces_outputs``: it was written instead of
-        outputs at write time (the broker refused one, or one was too large), which the
-        transform alone cannot foresee: it stands for them all."""
+        outputs at write time (the broker refused one, one was too large, or its topic
+        did not exist), which the transform alone cannot foresee: it stands for them."""
         i = offset - self.start
         attempts = self._letters.setdefault(i, set())
         if attempt in attempts:

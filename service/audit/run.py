@@ -24,6 +24,7 @@ from typing import Any, cast
 from confluent_kafka import IsolationLevel, Message
 
 from service import lineage, reading
+from service.admin import UnknownTopicError
 from service.audit.ledger import Finding, PartitionLedger, digest
 from service.audit.report import AuditReport
 from service.backfill.specs import Bound, Earliest, Offsets, Timestamp
@@ -35,8 +36,11 @@ from service.reading import EARLIEST, LATEST, Partition
 from service.records import Transform
 
 # Dead letters the stage writes *instead of* outputs at write time (the broker refused
-# one, or one is larger than its topic accepts): the transform alone cannot foresee them.
-_WRITE_TIME = {OutputRefusedError.__qualname__.encode(), OutputTooLargeError.__qualname__.encode()}
+# one, one is larger than its topic accepts, or its topic does not exist: the last two
+# come from the stage's topic limits, which the audit does not ask): the transform alone
+# cannot foresee them.
+_WRITE_TIME = {error.__qualname__.encode()
+               for error in (OutputRefusedError, OutputTooLargeError, UnknownTopicError)}
 
 
 def _unlimited(topic: str) -> int:

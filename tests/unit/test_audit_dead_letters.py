@@ -8,11 +8,12 @@ from collections.abc import Callable
 
 import pytest
 
+from service.admin import UnknownTopicError
 from service.audit.ledger import PartitionLedger
 from service.audit.report import AuditReport
 from service.audit.run import _Audit
 from service.processing import OutputRefusedError, Produced, Result, process, refused
-from service.records import Output, Record
+from service.records import Output, Record, Transform
 from service.redrive.letters import Letter, parse
 from service.redrive.run import _marked
 
@@ -77,8 +78,8 @@ def read(letter: Produced, offset: int) -> Letter:
     return parsed
 
 
-def audit(*written: tuple[str, int, Produced]) -> AuditReport:
-    run = _Audit({}, copy, "out", "dlq", "test.audit", 1.0, AuditReport())
+def audit(*written: tuple[str, int, Produced], transform: Transform = copy) -> AuditReport:
+    run = _Audit({}, transform, "out", "dlq", "test.audit", 1.0, AuditReport())
     run.ledgers = {("in", 0): PartitionLedger(0, 1)}
     run._input(Message("in", 0, 0, INPUT))
     for topic, offset, out in written:
@@ -112,3 +113,33 @@ def test_fixing_the_cause_of_a_write_time_letter_then_redriving_audits_clean(
     plain = process(copy, INPUT, default_topic="out", dlq_topic="dlq", max_bytes=unlimited)
     report = audit(("dlq", 0, letter), ("out", 0, plain.outputs[0]))
     assert report.violations["duplicate"].count == 1, report.to_json()
+
+
+def to_a_new_topic(record: Record) -> list[Output]:
+    return [Output(record.value, record.key, topic="new")]
+
+
+def new_is_missing(topic: str) -> int:
+    if topic == "new":
+        raise UnknownTopicError(f"topic {topic!r} does not exist")
+    return 1 << 20
+
+
+def test_a_letter_of_an_output_to_a_missing_topic_stands_for_it_and_is_not_pending() -> None:
+    # The stage's topic limits say the topic does not exist: the record is dead-lettered
+    # (UnknownTopicError). The audit runs the transform without asking for limits: it
+    # succeeds, as it did in the stage; only the topic was missing.
+    stage = process(to_a_new_topic, INPUT, default_topic="out", dlq_topic="dlq",
+                    max_bytes=new_is_missing)
+    assert type(stage.error) is UnknownTopicError
+    [letter] = stage.outputs
+    report = audit(("dlq", 0, letter), transform=to_a_new_topic)
+    assert report.ok and report.letters_pending == 0, report.to_json()
+
+    # The topic created, a redrive writes the output in its place.
+    redriven = read(letter, 0)
+    [output] = _marked(redriven, process(to_a_new_topic, redriven.original,
+                                         default_topic="out", dlq_topic="dlq",
+                                         max_bytes=unlimited))
+    report = audit(("dlq", 0, letter), ("new", 0, output), transform=to_a_new_topic)
+    assert report.ok and report.letters_pending == 0, report.to_json()
