@@ -1,10 +1,14 @@
 """Dead letters as redrive reads them: the original record rebuilt, which ones to take,
 and the headers redrive adds.
 
-A dead letter (service/deadletter.py) is the original record's key, value and headers
-plus ``txstage.error.*`` headers naming the error and the original coordinates, and the
-lineage headers of that original. Redrive rebuilds the original ``Record`` from them
-(its timestamp becomes the letter's: the original's is not kept) and marks
+A dead letter (service/deadletter.py, processing._dead_letter) is the original record's
+key, value and headers followed by the five ``txstage.error.*`` headers naming the error
+and the original coordinates and the two lineage headers of that original, in that
+order (a letter redrive writes again has ``txstage.redrive.attempt`` after them).
+Redrive rebuilds the original ``Record`` from them: its headers are those before that
+suffix, whatever their names (an input written by another txstage stage carries its
+own ``txstage.src`` and ``txstage.idx``; they are the record's, kept), and its
+timestamp becomes the letter's (the original's is not kept). It marks
 
 - every output it writes with ``txstage.redriven`` = the letter's own coordinates
   (``<dlq topic>/<partition>/<offset>``), so ``txstage audit`` accepts a dead letter
@@ -30,8 +34,9 @@ from service.records import Record
 
 REDRIVEN = lineage.REDRIVEN
 ATTEMPT = lineage.REDRIVE_ATTEMPT
-_OURS = {ERROR_CLASS, ERROR_MESSAGE, ERROR_TOPIC, ERROR_PARTITION, ERROR_OFFSET,
-         lineage.SRC, lineage.IDX, REDRIVEN, ATTEMPT}
+# What the stage appends to the original record's headers, in this order.
+_APPENDED = (ERROR_CLASS, ERROR_MESSAGE, ERROR_TOPIC, ERROR_PARTITION, ERROR_OFFSET,
+             lineage.SRC, lineage.IDX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,19 +57,37 @@ class Letter:
 
 def parse(topic: str, partition: int, offset: int, timestamp: int, key: bytes | None,
           value: bytes | None, headers: Sequence[tuple[str, bytes | None]]) -> Letter | None:
-    """The letter, or None when the record is not a txstage dead letter."""
-    found = {name: data for name, data in headers if data is not None}
-    try:
-        original = Record(topic=found[ERROR_TOPIC].decode(),
-                          partition=int(found[ERROR_PARTITION]),
-                          offset=int(found[ERROR_OFFSET]), timestamp=timestamp, key=key,
-                          value=value,
-                          headers=tuple((n, d) for n, d in headers
-                                        if n not in _OURS and d is not None))
-        return Letter(topic, partition, offset, original, found[ERROR_CLASS].decode(),
-                      int(found.get(ATTEMPT, b"0")))
-    except (KeyError, ValueError):
+    """The letter, or None when the record is not a txstage dead letter (its headers do
+    not end with what the stage appends)."""
+    end = len(headers)
+    attempt: bytes | None = b"0"
+    if end and headers[-1][0] == ATTEMPT:
+        end, attempt = end - 1, headers[-1][1]
+    start = end - len(_APPENDED)
+    if start < 0 or tuple(name for name, _ in headers[start:end]) != _APPENDED:
         return None
+    found = dict(headers[start:end])
+    try:
+        original = Record(topic=_text(found[ERROR_TOPIC]),
+                          partition=int(_data(found[ERROR_PARTITION])),
+                          offset=int(_data(found[ERROR_OFFSET])), timestamp=timestamp, key=key,
+                          value=value,
+                          # A null value as the stage read it (messages.to_record).
+                          headers=tuple((n, d or b"") for n, d in headers[:start]))
+        return Letter(topic, partition, offset, original, _text(found[ERROR_CLASS]),
+                      int(_data(attempt)))
+    except ValueError:
+        return None
+
+
+def _data(data: bytes | None) -> bytes:
+    if data is None:
+        raise ValueError("a null header value")
+    return data
+
+
+def _text(data: bytes | None) -> str:
+    return _data(data).decode()
 
 
 @dataclass(frozen=True, slots=True)
