@@ -240,13 +240,9 @@ class Cluster:
                         timeout_s: float = _TIMEOUT_S) -> dict[tuple[str, int], int]:
         """Each partition's high watermark (ListOffsets, latest). A partition not
         answered for is left out: the caller asks again later."""
-        return self._list_offsets(keys, _LATEST, IsolationLevel.READ_UNCOMMITTED, timeout_s)
-
-    def _list_offsets(self, keys: Sequence[tuple[str, int]], spec: OffsetSpec,
-                      isolation: IsolationLevel, timeout_s: float) -> dict[tuple[str, int], int]:
-        request = {TopicPartition(topic, partition): spec for topic, partition in keys}
-        futures = self._admin.list_offsets(request, isolation_level=isolation,
-                                           request_timeout=timeout_s)
+        futures = self._admin.list_offsets(
+            {TopicPartition(topic, partition): _LATEST for topic, partition in keys},
+            isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=timeout_s)
         found: dict[tuple[str, int], int] = {}
         for tp, future in futures.items():
             try:

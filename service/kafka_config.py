@@ -11,9 +11,10 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from pydantic import SecretStr
 
+from service.errors import kafka_error
 from service.settings import Settings
 
 Config = dict[str, Any]
@@ -167,5 +168,5 @@ def refused_configs(settings: Settings) -> list[str]:
 
 
 def _reason(exc: KafkaException) -> str:
-    error = exc.args[0] if exc.args else None
-    return str(error.str()) if isinstance(error, KafkaError) else str(exc)
+    error = kafka_error(exc)
+    return error.str() if error is not None else str(exc)

@@ -641,8 +641,8 @@ class Loop:
         self.metrics.oldest_open_transaction.set(
             max((p.state.age(now) for p in self.partitions.values()), default=0))
         for partition in self.partitions.values():
-            _, high = self.consumer.get_watermark_offsets(partition.tp, cached=True)
-            if high is not None and high >= 0 and partition.position >= 0:
+            high = self._fetched_high(partition.tp)
+            if high >= 0 and partition.position >= 0:
                 self.metrics.consumer_lag.labels(partition.topic, str(partition.partition)).set(
                     max(high - partition.read_to(), 0))
 
@@ -676,7 +676,7 @@ class Loop:
                 return
             self._fetch_check = None
             high = cast("dict[TopicPartitionKey, int]", future.result() or {})
-            fetched = {key: self._fetched_high(key) for key in asked}
+            fetched = {key: self._fetched_high(TopicPartition(*key)) for key in asked}
             for key in watch.stalled(asked, high, fetched, now):
                 partition = self.partitions.get(key)
                 if partition is not None and self._should_fetch(partition):
@@ -688,9 +688,9 @@ class Loop:
             self._fetch_check = (idle, self.jobs.spawn(
                 lambda: cluster.high_watermarks(keys, timeout_s=_STABLE_READ_S)))
 
-    def _fetched_high(self, key: TopicPartitionKey) -> int:
+    def _fetched_high(self, tp: TopicPartition) -> int:
         """The high watermark of the partition's last fetch response (-1: none)."""
-        _, high = self.consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+        _, high = self.consumer.get_watermark_offsets(tp, cached=True)
         return high if high is not None and high >= 0 else -1
 
     @staticmethod

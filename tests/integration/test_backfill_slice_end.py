@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient
 from service.backfill import config, kafka_clients
 from service.backfill.slice_reader import InputGoneError, read_range
 from service.backfill.specs import parse_sink, parse_source
+from service.settings import Settings
 from tests.harness.kafka import KafkaService
 from tests.harness.reading import end_offsets
 from tests.integration.replicas import wait_for
@@ -28,13 +29,18 @@ pytestmark = pytest.mark.kafka
 NewTopic = Callable[..., str]
 
 
+def _settings(kafka: KafkaService, topic: str, job_id: str) -> Settings:
+    """A backfill's Kafka settings reading ``topic`` (the sink is never written)."""
+    return config.build(config.Flags(
+        source=parse_source(f"kafka://{topic}"), sink=parse_sink("kafka://unused"),
+        job_id=job_id, transform="service.examples.square:square",
+        bootstrap_servers=kafka.bootstrap, dlq_topic=""), {}).kafka()
+
+
 def test_first_unread_skips_markers_and_aborted_records_but_not_a_committed_one(
         kafka: KafkaService, new_topic: NewTopic, unique_name: Callable[[str], str]) -> None:
     topic = new_topic(partitions=1, prefix="in")
-    settings = config.build(config.Flags(
-        source=parse_source(f"kafka://{topic}"), sink=parse_sink("kafka://unused"),
-        job_id=unique_name("ends"), transform="service.examples.square:square",
-        bootstrap_servers=kafka.bootstrap, dlq_topic=""), {}).kafka()
+    settings = _settings(kafka, topic, unique_name("ends"))
     producer = Producer({"bootstrap.servers": kafka.bootstrap,
                          "transactional.id": unique_name("ends-tx")})
     producer.init_transactions(30)
@@ -78,10 +84,7 @@ def test_a_range_whose_head_retention_deleted_fails_instead_of_reading_on(
     # those offsets gone, librdkafka reset it to the log start (auto.offset.reset
     # earliest) without an error; the slice was then marked done with its head missing.
     topic = new_topic(partitions=1, prefix="in")
-    settings = config.build(config.Flags(
-        source=parse_source(f"kafka://{topic}"), sink=parse_sink("kafka://unused"),
-        job_id=unique_name("gone"), transform="service.examples.square:square",
-        bootstrap_servers=kafka.bootstrap, dlq_topic=""), {}).kafka()
+    settings = _settings(kafka, topic, unique_name("gone"))
     producer = Producer({"bootstrap.servers": kafka.bootstrap})
     for i in range(200):
         producer.produce(topic, str(i).encode(), partition=0)
