@@ -235,19 +235,26 @@ class AtLeastOnce:
                 self._deliverable[key] = max(tp.offset, self._deliverable.get(key, -1))
 
     def finish(self, key: TopicPartitionKey, txn: Txn | None, commit: bool, reason: str,
-               group_metadata: GroupMetadata) -> None:
-        """Revoked or stopping, healthy: seal the open window (if any), wait (bounded)
-        for the partition's outputs in flight, then commit what was delivered,
-        synchronously and on the loop thread (inside the rebalance callback: a
-        consumer's synchronous calls must not come from another thread). With no
-        window open too: windows sealed earlier still wait for their offsets to be
-        committed. A failed commit only means the next owner sends those outputs
-        again."""
+               group_metadata: GroupMetadata, deadline: float | None = None) -> None:
+        """Revoked or stopping, healthy: seal the open window (if any), wait for the
+        partition's outputs in flight (until ``deadline``, at most 10 s), then commit
+        what was delivered, synchronously and on the loop thread (inside the
+        rebalance callback: a consumer's synchronous calls must not come from another
+        thread). With no window open too: windows sealed earlier still wait for their
+        offsets to be committed. A failed commit only means the next owner sends
+        those outputs again; so does an output still in flight at the deadline.
+
+        The wait is the release's, not each partition's: a revoke of eight partitions
+        while the broker does not answer waited 10 s for each of them, 80 s in which
+        the loop served nothing and the group's rebalance stood still."""
         if commit:
             self.commit(key, txn or Txn(0, 0, 0, 0.0), group_metadata)
             windows = self._windows.get(key, deque())
             if any(window.in_flight for window in windows):  # (the producer is shared)
-                self._producer.flush(_FLUSH_ON_RELEASE_S)
+                wait = _FLUSH_ON_RELEASE_S if deadline is None else min(
+                    _FLUSH_ON_RELEASE_S, deadline - time.monotonic())
+                if wait > 0:
+                    self._producer.flush(wait)
             while windows and windows[0].delivered:
                 self._deliverable[key] = windows.popleft().next
             try:

@@ -47,10 +47,11 @@ class Committer(Protocol):
         """Give up the open transaction; its input is read again from Kafka's offset."""
 
     def finish(self, key: TopicPartitionKey, txn: Txn | None, commit: bool, reason: str,
-               group_metadata: GroupMetadata) -> Job | None:
+               group_metadata: GroupMetadata, deadline: float | None = None) -> Job | None:
         """Released: commit (falling back to an abort) or abort, then close; a job,
         or None when it was done at once (on the loop thread). ``group_metadata``: as
-        for ``commit``."""
+        for ``commit``. What it does on the loop thread waits for nothing past
+        ``deadline`` (monotonic; the loop waits for a job only until then)."""
 
     def detach(self, key: TopicPartitionKey) -> Job:
         """Take the partition's producer out of use now (a new incarnation of the

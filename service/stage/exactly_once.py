@@ -165,7 +165,7 @@ class ExactlyOnce:
         return job
 
     def finish(self, key: TopicPartitionKey, txn: Txn | None, commit: bool, reason: str,
-               group_metadata: GroupMetadata) -> Job | None:
+               group_metadata: GroupMetadata, deadline: float | None = None) -> Job | None:
         producer = self._detach(key)
         if producer is None:
             return None

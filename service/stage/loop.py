@@ -393,9 +393,9 @@ class Loop:
                           stuck_s=round(time.monotonic() - partition.phase_since, 1),
                           note="a thread stays blocked in librdkafka; the producer is "
                                "replaced if the partition is still ours")
-            case sm.Finish(txn, commit, reason):
+            case sm.Finish(txn, commit, reason, deadline):
                 work = self.committer.finish(partition.key, txn, commit, reason,
-                                             self._take_group_metadata)
+                                             self._take_group_metadata, deadline)
                 if work is not None:
                     self.jobs.start(partition, work)
             case sm.Abandon():
@@ -748,7 +748,7 @@ class Loop:
                 self._dispatch_recording(partition, event)  # type: ignore[arg-type]
         now = time.monotonic()
         for partition in leaving:
-            self._dispatch_recording(partition, sm.Released(lost, now, reason))
+            self._dispatch_recording(partition, sm.Released(lost, now, reason, deadline))
         for partition in leaving:
             # A Finish that overruns closes its own producer. What a job that ended
             # meanwhile found is still reported (a commit that met the successor's fence

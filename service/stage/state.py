@@ -319,6 +319,7 @@ class Released:
     lost: bool
     now: float
     reason: str = "revoked"
+    deadline: float | None = None  # (monotonic) by when the release must be over
 
 
 Event = (Wrote | InitDone | InitFailed | Positioned | PositionFailed | CommitDue | CommitDone
@@ -385,6 +386,7 @@ class Finish:
     txn: Txn | None
     commit: bool
     reason: str = "revoked"  # the aborted-transactions metric's label if it aborts
+    deadline: float | None = None  # (monotonic) the release's: what waits, waits no longer
 
 
 @dataclass(frozen=True, slots=True)
@@ -863,7 +865,7 @@ def _released(state: PartitionState, event: Released, policy: Policy) -> Step:
     # ACTIVE or POSITIONING. Exactly-once: no transaction open, nothing to commit.
     healthy = not event.lost and (policy.commits_deferred or (
         phase is Phase.ACTIVE and txn is not None))
-    return done, [DropHeld(), Finish(txn, healthy, event.reason)]
+    return done, [DropHeld(), Finish(txn, healthy, event.reason, event.deadline)]
 
 
 # --------------------------------------------------------------------------- helpers

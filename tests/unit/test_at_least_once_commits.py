@@ -29,6 +29,7 @@ from service.settings import load_settings
 from service.stage import Stage
 from service.stage import state as sm
 from service.stage.at_least_once import AtLeastOnce
+from service.stage.partition import Partition
 from service.stage.state import DeliveryFailed, Event
 from tests.unit.test_positioning import POLICY, ScriptedConsumer, batch, make_loop, positioned
 
@@ -280,3 +281,33 @@ def test_the_stage_tells_the_state_machine_which_commits_are_deferred(guarantee:
         stage.consumer.close()
         stage.committer.shutdown(0)
         stage.loop.jobs.shutdown()
+
+
+def test_a_release_waits_for_outputs_in_flight_only_until_its_deadline() -> None:
+    """Revoked while the broker does not answer: each partition's outputs stay in
+    flight. The wait for them was 10 s per partition, whatever the release's deadline,
+    so a revoke of N partitions held the loop (and the group's rebalance, and a
+    SIGTERM's budget) for N x 10 s. Now the release as a whole ends by its deadline."""
+    sent: list[list[TopicPartition]] = []
+    settings = {**SETTINGS, "TXSTAGE_PRODUCER__MESSAGE_TIMEOUT_MS": "120000"}
+    alo = AtLeastOnce(load_settings(settings), Metrics(CollectorRegistry()),
+                      lambda offsets, asynchronous: sent.append(offsets))
+    loop, _, first = make_loop(ScriptedConsumer(), TXSTAGE_GUARANTEE="at_least_once")
+    loop.committer = alo
+    loop.policy = replace(POLICY, renew_after_abort=False, commits_deferred=True)
+    second = Partition("in", 1)
+    second.state = sm.PartitionState(sm.Phase.POSITIONING)
+    loop.partitions[second.key] = second
+    try:
+        for partition in (first, second):
+            alo.init(partition.key)()
+            positioned(loop, partition, 0)
+            alo.write(partition.key, 0, [Produced("out", b"k", b"v", [])])  # never delivered
+        started = time.monotonic()
+        loop.release([first.key, second.key], lost=False, reason="revoked",
+                     deadline=started + 0.5)
+        assert time.monotonic() - started < 2.5
+        assert sent == []  # nothing was delivered: nothing committed
+        assert not loop.partitions
+    finally:
+        alo.shutdown(0)

@@ -408,6 +408,13 @@ def test_revoke_commits_a_healthy_transaction_and_lost_never_does() -> None:
     assert lost[-1] == sm.Finish(sm.Txn(0, 5, 5, 1.0), False, "lost")
 
 
+
+def test_the_release_deadline_reaches_the_committer_with_finish() -> None:
+    # What the committer waits for on the loop thread (at-least-once: its outputs in
+    # flight) must end with the release, not after a wait of its own per partition.
+    _, actions = step(active(0, 5, now=1.0), sm.Released(False, 1.1, "revoked", 11.1))
+    assert actions[-1] == sm.Finish(sm.Txn(0, 5, 5, 1.0), True, "revoked", 11.1)
+
 def test_at_least_once_a_healthy_release_commits_with_no_window_open() -> None:
     """A window sealed just before a revoke or SIGTERM leaves no ``txn``, its offsets
     waiting to be delivered and committed: told to commit nothing, the committer
