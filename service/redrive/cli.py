@@ -12,6 +12,7 @@ import argparse
 import json
 from collections.abc import Sequence
 
+from service.admin import Cluster, OutputLimits
 from service.backfill.specs import Timestamp, parse_bound
 from service.checks import producer_max_bytes
 from service.errors import ConfigError
@@ -84,13 +85,16 @@ def _redrive(args: argparse.Namespace) -> int:
         source_partitions=frozenset(args.source_partition) if args.source_partition else None,
         min_offset=args.from_offset, max_offset=args.to_offset,
         since_ms=_ms(args.since, "--since"), until_ms=_ms(args.until, "--until"))
-    limit = producer_max_bytes(settings)
+    # As the stage checks each output: against its topic's max.message.bytes, and a
+    # topic that does not exist dead-letters the record again (UnknownTopicError)
+    # instead of failing the batch's transaction on every run.
+    limits = OutputLimits(Cluster(admin_config(settings)), producer_max_bytes(settings))
     tid = transactional_id(settings.id_prefix, settings.dlq_topic)
     report = redrive(producer_config=producer_config(settings, tid),
                      admin_config=admin_config(settings), dlq_topic=settings.dlq_topic,
                      transform=load_transform(settings.transform),
                      default_topic=settings.output_topic, prefix=settings.id_prefix,
-                     letter_filter=letter_filter, max_bytes=lambda topic: limit,
+                     letter_filter=letter_filter, max_bytes=limits.lookup,
                      dry_run=args.dry_run, batch=args.batch, timeout_s=args.timeout,
                      deadline_s=settings.transaction_timeout_ms / 1000 + 30)
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.summary())

@@ -121,3 +121,21 @@ def _written(setup: StageSetup, topic: str) -> int:
 def test_redrive_without_a_dead_letter_topic_exits_2(lettered: StageSetup) -> None:
     code, _, err = tool(lettered, "redrive", env={**FIXED, "TXSTAGE_DLQ_TOPIC": ""})
     assert code == 2 and "TXSTAGE_DLQ_TOPIC" in err
+
+
+def test_letters_whose_outputs_go_to_a_missing_topic_go_back_instead_of_failing_the_run(
+        lettered: StageSetup) -> None:
+    """Redriven before the operator created the output topic: the stage dead-letters a
+    record whose output topic does not exist (UnknownTopicError), and so does redrive
+    now. It used the producer's size limit for every topic and asked nothing, so each
+    batch's transaction failed at its commit, on every rerun."""
+    setup = lettered
+    missing = {**FIXED, "TXSTAGE_OUTPUT_TOPIC": f"{setup.output_topic}-not-created"}
+    code, done, err = tool(setup, "redrive", env=missing)
+    assert code == 0, err
+    assert (done["redriven"], done["failed_again"]) == (0, 100), done
+    again = [r for r in read_committed(setup.bootstrap, setup.dlq_topic)
+             if r.header("txstage.redrive.attempt") == b"1"]
+    assert sorted({r.header("txstage.error.class") for r in again}) == [
+        b"UnknownTopicError", b"ValueError"]
+    assert sum(1 for r in again if r.header("txstage.error.class") == b"UnknownTopicError") == 85
