@@ -15,18 +15,20 @@ import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from types import TracebackType
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from service.local_kafka.errors import KafkaStartError, LocalKafkaError
 from service.local_kafka.jars import install
 from service.local_kafka.node import Node, free_ports, tail_file, wait_for_start
 from service.local_kafka.properties import HOST, broker_properties, kafka_uuid, write_properties
-from service.local_kafka.readiness import run_parallel, wait_ready
+from service.local_kafka.readiness import listed_brokers, run_parallel, wait_ready
 from service.local_kafka.security import ADMIN_USER, Secured, make_secured, upsert_scram_user
 
 _WORKDIR_PREFIX = "txstage-kafka-"
@@ -35,6 +37,10 @@ _STALE_AFTER_SECONDS = 15 * 60
 # Clusters started in this interpreter, closed at exit whatever happens.
 _CLUSTERS: set[KafkaCluster] = set()
 _CLUSTERS_LOCK = threading.Lock()
+
+
+class ClusterRepairWarning(UserWarning):
+    """The harness restarted a node that did not recover from a fault by itself."""
 
 
 class KafkaCluster:
@@ -296,9 +302,18 @@ class KafkaCluster:
         wait_for_start({i: (node, node.start(self.libs))}, deadline)
         self._wait_ready(deadline)
 
-    def heal(self, timeout: float | None = None) -> None:
+    def heal(self, timeout: float | None = None, *, wedged_after: float = 30.0) -> None:
         """Resume paused nodes and restart dead ones, then wait until all serve again, so
-        the next test gets a whole cluster. Does nothing to a whole, running cluster."""
+        the next test gets a whole cluster. Does nothing to a whole, running cluster.
+
+        Waiting means fresh clients are served, so that a test that goes on to wait for
+        the stage tells a broker that did not recover apart from a stage that did not.
+        A resumed node that the cluster still does not list (fenced) ``wedged_after``
+        seconds after its SIGCONT is wedged (a node is unfenced within a second of its
+        next heartbeat): it gets a JVM thread dump (SIGQUIT, into its log, for the
+        post-mortem), then SIGKILL and a start on the same data dir, and a
+        :class:`ClusterRepairWarning` says so: the test goes on against a serving
+        cluster, and its report shows that the harness repaired the broker."""
         deadline = time.monotonic() + (timeout or self.startup_timeout)
         resumed = [node for node in self.nodes if node.alive() and node.paused]
         for node in resumed:
@@ -307,7 +322,30 @@ class KafkaCluster:
             if not node.alive():
                 self.restart(node.node_id, timeout)
         if resumed:
-            self._wait_ready(deadline)
+            self._wait_resumed(resumed, deadline, wedged_after)
+
+    def _wait_resumed(self, resumed: list[Node], deadline: float, wedged_after: float) -> None:
+        try:
+            self._wait_ready(min(deadline, time.monotonic() + wedged_after))
+            return
+        except KafkaStartError:
+            pass
+        try:
+            listed = listed_brokers(self.direct_bootstrap, 5.0)
+        except (KafkaException, TimeoutError):
+            listed = set()
+        for node in resumed:
+            if node.node_id in listed or not node.alive():
+                continue
+            node.signal(signal.SIGQUIT)  # the JVM prints every thread's stack to its log
+            time.sleep(1.0)
+            warnings.warn(ClusterRepairWarning(
+                f"node {node.node_id} was still fenced {wedged_after:.0f} s after SIGCONT; "
+                f"restarted it (thread dump in {node.log}):\n{tail_file(node.log, 20)}"),
+                stacklevel=3)
+            node.kill()
+            self.restart(node.node_id, max(1.0, deadline - time.monotonic()))
+        self._wait_ready(deadline)
 
     # -- logs --------------------------------------------------------------------------
 

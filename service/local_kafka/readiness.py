@@ -44,8 +44,9 @@ def wait_ready(
         return left
 
     while broker_ids is not None:
+        left = remaining()  # outside the try: its TimeoutError ends the wait
         try:
-            seen = listed_brokers(bootstrap, min(5.0, remaining()))
+            seen = listed_brokers(bootstrap, min(5.0, left))
             if broker_ids <= seen:
                 break
             last_error = LocalKafkaError(f"brokers {sorted(seen)}, want {sorted(broker_ids)}")

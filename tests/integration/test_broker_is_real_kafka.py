@@ -4,6 +4,9 @@ commits behave as the exactly-once design relies on, seen through confluent-kafk
 from __future__ import annotations
 
 import contextlib
+import signal
+import time
+import warnings
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -15,6 +18,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from service.local_kafka.cluster import ClusterRepairWarning
 from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaCluster, KafkaService
 from tests.harness.reading import (
@@ -230,3 +234,48 @@ def test_committed_data_survives_sigkill_and_restart_of_the_broker(
     assert values(read_uncommitted(cluster.bootstrap, topic)) == [b"committed", b"open"]
     with contextlib.suppress(KafkaException):
         producer.close()
+
+
+def test_heal_waits_for_a_paused_node_to_serve_again_without_restarting_it(
+    make_cluster: Callable[..., KafkaCluster], unique_name: UniqueName
+) -> None:
+    """Paused past broker.session.timeout.ms (3 s), the node is fenced on SIGCONT and
+    unfenced at its next heartbeat: heal() waits for that, and restarts nothing."""
+    cluster = make_cluster(nodes=1)
+    topic = create_topic(cluster.bootstrap, unique_name("paused"), partitions=1)
+    pid = cluster.pid(0)
+    cluster.pause(0)
+    time.sleep(5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cluster.heal(wedged_after=30)
+    assert not [w for w in caught if issubclass(w.category, ClusterRepairWarning)]
+    assert cluster.pid(0) == pid
+    assert _produced_and_read(cluster, topic)
+
+
+def test_heal_restarts_a_node_still_fenced_after_resume(
+    make_cluster: Callable[..., KafkaCluster], unique_name: UniqueName,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node that does not come back after SIGCONT (here its SIGCONT is lost) is
+    restarted by heal(), which says so."""
+    cluster = make_cluster(nodes=1)
+    topic = create_topic(cluster.bootstrap, unique_name("wedged"), partitions=1)
+    node = cluster.nodes[0]
+    deliver = node.signal
+    monkeypatch.setattr(node, "signal",
+                        lambda sig: None if sig == signal.SIGCONT else deliver(sig))
+    pid = cluster.pid(0)
+    cluster.pause(0)
+    with pytest.warns(ClusterRepairWarning, match="node 0 was still fenced 5 s after SIGCONT"):
+        cluster.heal(wedged_after=5)
+    assert cluster.pid(0) not in (None, pid)
+    assert _produced_and_read(cluster, topic)
+
+
+def _produced_and_read(cluster: KafkaCluster, topic: str) -> bool:
+    producer = Producer({"bootstrap.servers": cluster.bootstrap})
+    producer.produce(topic, value=b"after")
+    assert producer.flush(30) == 0
+    return b"after" in values(read_uncommitted(cluster.bootstrap, topic))

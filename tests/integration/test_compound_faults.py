@@ -273,7 +273,7 @@ def test_outputs_to_a_missing_topic_are_dead_lettered_across_a_frozen_broker(
         time.sleep(17)
         assert_alive(stage, [replica])
     finally:
-        cluster.resume(0)
+        cluster.heal()  # resumes it, and waits until it serves again
     # After a freeze, librdkafka may leave a commit or abort hanging past its timeout
     # (librdkafka#5456; seen once in CI with the consumer protocol): the stage replaces
     # that producer after transaction timeout + 40 s (CallStuck), then reclaims.
@@ -335,7 +335,7 @@ def test_sigterm_while_the_broker_is_frozen_exits_within_the_budget(
         code = exit_code_within(victim, 5 + 5)
         seconds = time.monotonic() - started
     finally:
-        cluster.resume(0)
+        cluster.heal()
     assert code == 0, f"exit code {code} (None: still running) {seconds:.1f} s after " \
         f"SIGTERM with TXSTAGE_SHUTDOWN_TIMEOUT_S=5 and the broker frozen\n{stage.logs()}"
     successor = stage.replica("successor")

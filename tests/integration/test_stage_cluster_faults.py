@@ -115,7 +115,7 @@ def test_committed_offset_lookups_survive_the_group_coordinator_moving(
             else:
                 cluster3.pause(node)  # type: ignore[attr-defined]
                 time.sleep(8)
-                cluster3.resume(node)  # type: ignore[attr-defined]
+                cluster3.heal()  # type: ignore[attr-defined]
         printed, _ = hammer.communicate(timeout=120)
     finally:
         hammer.kill()

@@ -123,7 +123,7 @@ def test_seed_11_a_replica_started_while_the_broker_is_paused_waits_for_it(
         assert replica.alive(), "a paused broker at start-up is not a reason to exit\n" \
             + replica.diagnosis()
     finally:
-        cluster.resume(0)
+        cluster.heal()  # resumes it, and waits until it serves again
     stage.wait_committed(90)
     stage.assert_exactly_once()
     assert replica.events("startup.cluster_unavailable")

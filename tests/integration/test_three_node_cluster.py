@@ -110,7 +110,7 @@ def test_paused_node_is_fenced_and_rejoins_when_resumed(
         assert all(victim not in isr for isr in in_sync_replicas(bootstrap, topic).values())
         assert cluster3.is_running(victim)
     finally:
-        cluster3.resume(victim)
+        cluster3.heal()  # resumes it, and waits until it serves again
     wait_for_isr(bootstrap, topic, 3, timeout=30)
 
     cluster3.stop(victim)  # SIGTERM: a controlled shutdown
