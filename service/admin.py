@@ -84,12 +84,25 @@ class Cluster:
         self._config = config
         self._denial: KafkaError | None = None
         self._authenticated = False
-        with_callback: Config = {**config, "error_cb": self._on_error,
-                                 "logger": librdkafka_logger("admin")}
-        self._admin = AdminClient(with_callback)
+        self._admin = self._new_admin()
         self._lock = threading.Lock()
         self._offset_readers: dict[tuple[str, bool], Consumer] = {}
         self._topic_configs: dict[str, dict[str, str]] = {}
+
+    def _new_admin(self) -> AdminClient:
+        with_callback: Config = {**self._config, "error_cb": self._on_error,
+                                 "logger": librdkafka_logger("admin")}
+        return AdminClient(with_callback)
+
+    def renew(self) -> None:
+        """Ask through a new AdminClient from now on. For a caller that waits out a
+        cluster that did not answer: nothing the outage left in the old client's
+        state outlives it. In CI a replica's start-up checks, begun while the only
+        broker was paused, went on failing with "Failed while waiting for controller"
+        for the 80 s after the broker served again (librdkafka 2.16)."""
+        self._admin = self._new_admin()
+        self._authenticated = False
+        self._denial = None
 
     def _on_error(self, error: KafkaError) -> None:
         if error.code() in DENIALS:  # a wrong password: requests time out, this says why

@@ -32,8 +32,9 @@ def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) 
     """Raise ConfigError listing every problem found; return when there is none.
 
     While the cluster answers "not now" (a broker restarting or paused, no broker in
-    the metadata yet) the checks are asked again for up to ``wait_s``: a replica that
-    starts during a broker restart waits for it instead of exiting (chaos seed 11)."""
+    the metadata yet) the checks are asked again for up to ``wait_s``, each time
+    through a new admin client: a replica that starts during a broker restart waits
+    for it instead of exiting (chaos seed 11)."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -53,6 +54,7 @@ def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) 
             log.warning("startup.cluster_unavailable", error=str(exc),
                         waiting_s=round(deadline - time.monotonic(), 1))
             time.sleep(_RETRY_S)
+            cluster.renew()  # a client that waited through the outage may not recover
         except DeniedError as exc:
             raise ConfigError(str(exc)) from exc
         except KafkaOperationError as exc:

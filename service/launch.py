@@ -1,4 +1,5 @@
-"""The ``txstage`` process's first lines: a signal while the stage starts ends it with 0.
+"""The ``txstage`` process's first lines: a signal while the stage starts ends it with 0
+(SIGTERM, SIGINT) or prints every thread's stack (SIGUSR1) and lets it go on.
 
 Until the stage installs its own handlers (``cli._install_signal_handlers``) nothing is
 open: the consumer has not joined the group, no producer exists, no transaction is
@@ -15,6 +16,7 @@ not finish, and says so by the signal."""
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import sys
@@ -31,6 +33,11 @@ def main() -> int:
     if sys.argv[1:2] == ["run"]:
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
+        # Every thread's stack, as SIGUSR1 gives later, and the replica keeps waiting:
+        # SIGUSR1's default action would end it (the test harness sends it to every
+        # live replica when a wait times out; one still in its start-up checks died).
+        with contextlib.suppress(ValueError, OSError):  # no real stderr
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         from service.cli import main as cli_main  # the imports take a while on a busy node
 
