@@ -11,6 +11,8 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._metadata import ClusterMetadata
 from confluent_kafka.cimpl import NewTopic
 
+from service.local_kafka.readiness import listed_brokers
+
 __all__ = [
     "broker_ids",
     "create_topic",
@@ -94,6 +96,4 @@ def wait_for_isr(bootstrap: str, topic: str, size: int, *, timeout: float = 30.0
 
 def broker_ids(bootstrap: str, *, timeout: float = 10.0) -> list[int]:
     """Ids of the brokers the cluster currently reports as alive."""
-    admin = _admin(bootstrap)
-    description = admin.describe_cluster(request_timeout=timeout).result(timeout + 1)
-    return sorted(node.id for node in description.nodes)
+    return sorted(listed_brokers(bootstrap, timeout))

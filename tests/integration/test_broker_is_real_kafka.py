@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka import (
@@ -279,3 +282,41 @@ def _produced_and_read(cluster: KafkaCluster, topic: str) -> bool:
     producer.produce(topic, value=b"after")
     assert producer.flush(30) == 0
     return b"after" in values(read_uncommitted(cluster.bootstrap, topic))
+
+
+_LIST_BROKERS_FROM_6_THREADS = """
+import sys, threading, time
+from service.local_kafka.readiness import listed_brokers
+bootstrap, until = sys.argv[1], time.monotonic() + float(sys.argv[2])
+def poll():
+    while time.monotonic() < until:
+        try:
+            listed_brokers(bootstrap, 5.0)
+        except Exception:
+            pass
+threads = [threading.Thread(target=poll) for _ in range(6)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+"""
+
+
+def test_listing_the_brokers_survives_a_single_node_fenced_after_sigcont(
+    make_cluster: Callable[..., KafkaCluster],
+) -> None:
+    """For a moment after SIGCONT a single node is fenced and its metadata lists no
+    broker; librdkafka 2.16's DescribeCluster aborts the process on that answer (a CI
+    run died in heal()). A child lists the brokers from 6 threads across three
+    resumes and must exit 0 (with DescribeCluster: SIGABRT, -6)."""
+    cluster = make_cluster(nodes=1)
+    for _ in range(3):
+        cluster.pause(0)
+        prober = subprocess.Popen(
+            [sys.executable, "-c", _LIST_BROKERS_FROM_6_THREADS, cluster.direct_bootstrap, "7"],
+            cwd=Path(__file__).resolve().parents[2],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        time.sleep(4)
+        cluster.resume(0)
+        printed, _ = prober.communicate(timeout=60)
+        assert prober.returncode == 0, printed.decode(errors="replace")[-3000:]
