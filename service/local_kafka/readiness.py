@@ -58,7 +58,7 @@ def wait_ready(
             if broker_ids <= seen:
                 break
             last_error = LocalKafkaError(f"brokers {sorted(seen)}, want {sorted(broker_ids)}")
-        except (KafkaException, TimeoutError) as exc:
+        except KafkaException as exc:  # the metadata API's time-out is one too
             last_error = exc
         time.sleep(0.2)
     transactional_id = probe_id or f"txstage-local-kafka-probe-{uuid.uuid4().hex[:8]}"
