@@ -274,6 +274,10 @@ class Cluster:
             self._topic_configs[topic] = config
         return config
 
+    def forget_topic_configs(self) -> None:
+        with self._lock:
+            self._topic_configs.clear()
+
     def broker_config(self) -> dict[str, str]:
         """One broker's configuration. Metadata without a broker in it (seen while the
         only broker was paused: chaos seed 11) is the cluster's "not now"."""
@@ -351,6 +355,13 @@ class OutputLimits:
             raise TopicLimitPending(topic)
         self.resolve(topic)
         return self(topic)
+
+    def forget(self) -> None:
+        """Ask again for every topic: one was deleted while the stage ran (a produce
+        found it gone), and a known limit would keep routing records to it."""
+        self._known.clear()
+        self._unknown.clear()
+        self.cluster.forget_topic_configs()
 
     def resolve(self, topic: str) -> None:
         """Look the topic's limit up (blocking); retriable failures are retried until

@@ -11,12 +11,16 @@ from functools import partial
 
 from confluent_kafka import KafkaError, Message
 
-# Broker answers that refuse a record itself: sending it again cannot help.
+# Answers that refuse a record itself: sending it again cannot help.
 # _INVALID_DIFFERENT_RECORD marks the innocent neighbours of a refused record in
 # the same batch (librdkafka reads the broker's per-record errors), so it is not one.
+# An output topic deleted while the stage runs is refused too (the producer's
+# _UNKNOWN_TOPIC at produce(), UNKNOWN_TOPIC_OR_PART in a delivery report once its
+# retries ran out): the record is sent once more, then dead-lettered.
+UNKNOWN_TOPICS = frozenset({KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART})
 REFUSALS = frozenset({
     KafkaError.INVALID_RECORD, KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
-    KafkaError.INVALID_TIMESTAMP, KafkaError.POLICY_VIOLATION,
+    KafkaError.INVALID_TIMESTAMP, KafkaError.POLICY_VIOLATION, *UNKNOWN_TOPICS,
 })
 # Outputs an abort purged: a consequence of the failure, never its cause.
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
 
+from service.delivery import REFUSALS
 from service.records import Output
 
 
@@ -210,6 +211,11 @@ def translate(exc: KafkaException, where: Where) -> KafkaOperationError:
     if error is None:
         error = KafkaError(KafkaError._FAIL, str(exc), fatal=True)
     if where.op == "send_offsets_to_transaction" and error.code() in _GROUP_MOVED_ON:
+        return AbortableError(where, error)
+    if where.op == "produce" and error.code() in REFUSALS:
+        # Refused by the producer itself (over its message.max.bytes, a topic it knows
+        # is gone): the record's fault, not the producer's. Abortable, so the state
+        # machine finds the record (``where.offset``) and dead-letters it.
         return AbortableError(where, error)
     return classify(error)(where, error)
 

@@ -61,17 +61,23 @@ class OutputRefusedError(ValueError):
     compacted topic): retrying cannot help, the record is poison."""
 
 
-def refused(record: Record, error: OutputRefusedError, dlq_topic: str | None) -> Result:
+def refused(record: Record, error: OutputRefusedError, dlq_topic: str | None,
+            max_bytes: Callable[[str], int] | None = None) -> Result:
     """The dead letter for a record whose outputs the broker refused; raises
     PoisonRecordError without a dead-letter topic (the same policy as a failing transform)."""
     if not dlq_topic:
         raise PoisonRecordError(record.topic, record.partition, record.offset, error)
-    return _dead_letter(record, error, dlq_topic)
+    return _dead_letter(record, error, dlq_topic, max_bytes)
 
 
-def _dead_letter(record: Record, error: BaseException, dlq_topic: str) -> Result:
-    letter = dead_letter(record, error, dlq_topic)
+def _dead_letter(record: Record, error: BaseException, dlq_topic: str,
+                 max_bytes: Callable[[str], int] | None) -> Result:
+    """The letter, built to fit the dead-letter topic's limit (``max_bytes``) with its
+    lineage headers and framing: no record's bytes can keep it from being written."""
     src = lineage.source_of(record.topic, record.partition, record.offset)
+    room = None if max_bytes is None else \
+        max_bytes(dlq_topic) - (_LINEAGE_BYTES + len(src) + len(_INDEX[0]))
+    letter = dead_letter(record, error, dlq_topic, room)
     headers = lineage.stamp(letter.headers, src, 0)
     return Result([Produced(dlq_topic, letter.key, letter.value, headers)], error)
 
@@ -106,7 +112,7 @@ def process(
     except Exception as exc:
         if not dlq_topic:
             raise PoisonRecordError(record.topic, record.partition, record.offset, exc) from exc
-        return _dead_letter(record, exc, dlq_topic)
+        return _dead_letter(record, exc, dlq_topic, max_bytes)
     return _new(Result, (outputs, None))
 
 

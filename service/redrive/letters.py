@@ -24,11 +24,13 @@ from dataclasses import dataclass
 
 from service import lineage
 from service.deadletter import (
+    DROPPED,
     ERROR_CLASS,
     ERROR_MESSAGE,
     ERROR_OFFSET,
     ERROR_PARTITION,
     ERROR_TOPIC,
+    dropped_parts,
 )
 from service.records import Record
 
@@ -37,6 +39,8 @@ ATTEMPT = lineage.REDRIVE_ATTEMPT
 # What the stage appends to the original record's headers, in this order.
 _APPENDED = (ERROR_CLASS, ERROR_MESSAGE, ERROR_TOPIC, ERROR_PARTITION, ERROR_OFFSET,
              lineage.SRC, lineage.IDX)
+# The same, for a letter cut to fit its topic (deadletter.DROPPED before the lineage).
+_APPENDED_CUT = (*_APPENDED[:5], DROPPED, *_APPENDED[5:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,9 @@ class Letter:
     original: Record
     error_class: str
     attempt: int  # 0: written by the stage; n: by the n-th redrive of its original
+    # What the letter left out of the original to fit its topic (deadletter.DROPPED):
+    # such a letter cannot be redriven, the original is not all there.
+    dropped: frozenset[str] = frozenset()
 
     @property
     def coordinates(self) -> str:
@@ -63,8 +70,11 @@ def parse(topic: str, partition: int, offset: int, timestamp: int, key: bytes | 
     attempt: bytes | None = b"0"
     if end and headers[-1][0] == ATTEMPT:
         end, attempt = end - 1, headers[-1][1]
-    start = end - len(_APPENDED)
-    if start < 0 or tuple(name for name, _ in headers[start:end]) != _APPENDED:
+    for appended in (_APPENDED, _APPENDED_CUT):
+        start = end - len(appended)
+        if start >= 0 and tuple(name for name, _ in headers[start:end]) == appended:
+            break
+    else:
         return None
     found = dict(headers[start:end])
     try:
@@ -75,7 +85,7 @@ def parse(topic: str, partition: int, offset: int, timestamp: int, key: bytes | 
                           # A null value as the stage read it (messages.to_record).
                           headers=tuple((n, d or b"") for n, d in headers[:start]))
         return Letter(topic, partition, offset, original, _text(found[ERROR_CLASS]),
-                      int(_data(attempt)))
+                      int(_data(attempt)), dropped_parts(headers[start:end]))
     except ValueError:
         return None
 

@@ -43,6 +43,7 @@ _ATTEMPTS = 3
 class RedriveReport:
     letters: int = 0  # txstage dead letters read in the window
     not_letters: int = 0  # records of the DLQ without txstage's error headers
+    incomplete: int = 0  # letters cut to fit their topic: the original is not all there
     done_before: int = 0  # redriven by an earlier run
     filtered_out: int = 0
     redriven: int = 0  # the transform succeeded: outputs written
@@ -66,7 +67,8 @@ class RedriveReport:
     def summary(self) -> str:
         verb = "would redrive" if self.dry_run else "redrove"
         lines = [f"{self.letters} dead letters read; {self.done_before} redriven before, "
-                 f"{self.filtered_out} filtered out",
+                 f"{self.filtered_out} filtered out"
+                 + (f", {self.incomplete} cut to fit (not redriven)" if self.incomplete else ""),
                  f"{verb} {self.redriven} ({self.outputs} outputs) and "
                  f"{'would dead-letter' if self.dry_run else 'dead-lettered'} "
                  f"{self.failed_again} again, in {self.seconds:.1f} s "
@@ -120,6 +122,12 @@ def redrive(*, producer_config: Mapping[str, Any], admin_config: Mapping[str, An
             report.letters += 1
             if letter.coordinates in done:
                 report.done_before += 1
+            elif letter.dropped - {"message"}:
+                report.incomplete += 1
+                if len(report.examples) < max_examples:
+                    report.examples.append(f"{letter.coordinates}: not redriven, the letter "
+                                           f"left out the original's "
+                                           f"{', '.join(sorted(letter.dropped))} to fit")
             elif not letter_filter(letter, timestamp):
                 report.filtered_out += 1
             else:
@@ -197,7 +205,7 @@ class _Writer:
                 self.pending = [
                     (letter, refused(letter.original, OutputRefusedError(
                         "the broker refused an output of the redriven record"),
-                        self.dlq_topic) if index in refusals else result)
+                        self.dlq_topic, self.max_bytes) if index in refusals else result)
                     for index, (letter, result) in enumerate(self.pending)]
 
 

@@ -106,10 +106,11 @@ class Stage:
         self._close(dirty=False)
 
     def stop(self) -> None:
-        """Ask the loop to finish after the current batch (signal-handler safe); the
-        shutdown budget starts now."""
+        """Ask the loop to finish after the record being transformed (signal-handler
+        safe); the shutdown budget starts now."""
         if not self.stopping:
             self.stopping = True
+            self.loop.interrupt()
             self._deadline = time.monotonic() + self.settings.shutdown_timeout_s
             self.watchdog.arm(self.settings.shutdown_timeout_s, exit_code=0)
 

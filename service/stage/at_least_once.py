@@ -218,7 +218,6 @@ class AtLeastOnce:
         self._commit_offsets(offsets, not wait)
         if wait:
             self._metrics.commit_seconds.observe(time.monotonic() - started)
-        self._metrics.last_commit.set_to_current_time()
 
     def offsets_committed(self, error: KafkaError | None,
                           partitions: list[TopicPartition]) -> None:
@@ -226,7 +225,13 @@ class AtLeastOnce:
         loop thread; never raises). A failed offset is committed again at the next
         interval unless a newer one was sent since: once the input stops nothing else
         would ever commit it (a rebalance's ILLEGAL_GENERATION left partitions behind
-        for good)."""
+        for good).
+
+        A commit counts (transactions committed, the last commit's time) once Kafka
+        said so here, not when a window was sealed nor when the commit was sent."""
+        if error is None and any(tp.error is None for tp in partitions):
+            self._metrics.committed.inc()
+            self._metrics.last_commit.set_to_current_time()
         for tp in partitions:
             if error is None and tp.error is None:
                 continue

@@ -35,6 +35,7 @@ class Jobs:
         self._done: queue.SimpleQueue[tuple[Partition, object, Completion]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._running = 0
+        self._stuck = 0  # written-off jobs still holding their threads
 
     def start(self, partition: Partition, job: Callable[[], Event | None], *,
               startup: bool = False) -> None:
@@ -69,6 +70,25 @@ class Jobs:
         # Should it end between these two lines, the future runs ``then`` at once,
         # here on the loop thread: rare, and still correct.
         job[1].add_done_callback(lambda _: self._counted(_logged(then))())
+
+    def write_off(self, partition: Partition, then: Callable[[], object]) -> int:
+        """The partition's job is stuck in a call that outlived its own deadline:
+        forget it, and run ``then`` (close its producer) once it ends, if it ever does.
+        A job still queued is cancelled (it would run on a producer given up) and
+        ``then`` runs now. How many written-off jobs are still stuck."""
+        job, partition.job = partition.job, None
+        if job is None or job[1].cancel() or job[1].done():
+            self.spawn(then)
+            return self._stuck
+        with self._lock:
+            self._stuck += 1
+
+        def ended(_: object) -> None:
+            with self._lock:
+                self._stuck -= 1
+            self.spawn(then)
+        job[1].add_done_callback(ended)
+        return self._stuck
 
     def spawn(self, job: Callable[[], object]) -> Future[object]:
         """Fire and forget (closing a producer); failures are logged."""

@@ -7,6 +7,11 @@ One iteration:
 2. settle: dispatch the events of finished jobs and of delivery reports;
 3. process the batch, partition by partition in offset order;
 4. tick: start the commits that are due, end backoffs, reclaim fenced partitions.
+
+A batch is a unit of fetching, not of time (docs/state-machine.md, "Time bounds
+the work"): between records ``process`` looks at the clock, and a checkpoint starts
+the commits that fell due, beats the liveness heartbeat and ends the batch when the
+replica stops. Records of a committing partition are held, in order, meanwhile.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from confluent_kafka import (
 )
 
 from service.admin import OutputLimits
+from service.delivery import UNKNOWN_TOPICS
 from service.errors import (
     DENIALS,
     DeniedError,
@@ -65,6 +71,16 @@ from service.stage.partition import Partition, TopicPartitionKey
 log = structlog.get_logger(__name__)
 
 _HOUSEKEEPING_EVERY_S = 1.0
+# The longest stretch of records between two checkpoints (liveness beat, stop, due
+# commits) when no transaction falls due sooner.
+_CHECKPOINT_EVERY_S = 0.5
+_NO_LIMIT = 1 << 62
+_STARTUP_PHASES = (sm.Phase.INITIALISING, sm.Phase.POSITIONING)
+# Calls stuck in librdkafka past every deadline (CallStuck) each keep a job thread:
+# past this many the replica fails, so that its orchestrator starts a fresh process.
+_MAX_STUCK_CALLS = 4
+# A transaction still open after this share of transaction.timeout.ms is warned about.
+_NEAR_TIMEOUT = 0.5
 _LOOKUP_RETRY_S = 0.2
 _STABLE_READ_S = 5.0
 
@@ -95,6 +111,8 @@ class Loop:
         self.fetch_watch = FetchWatch(settings.fetch_stall_s)
         self._fetch_check: tuple[dict[TopicPartitionKey, int], Future[object]] | None = None
         self.describe_requested = False  # set by SIGUSR1: log every partition's state
+        self.stopping = False  # set by Stage.stop (a signal): the batch ends at the next record
+        self._warned_near_timeout = False
         # A waiting phase lasting longer than a transaction could is worth a warning.
         self._stalled_after_s = max(policy.transaction_timeout_s, 30.0) + 30.0
         self._no_offset = OFFSET_END if settings.starts_at_end else OFFSET_BEGINNING
@@ -147,6 +165,7 @@ class Loop:
                 self._tell_written(partition)
                 state = partition.state
             if state.due(now, policy):
+                self._warn_near_timeout(partition, now)
                 self.dispatch(partition, sm.CommitDue(now))
             elif state.resume_at is not None or state.fenced_at is not None:
                 self.dispatch(partition, sm.Tick(now))
@@ -154,8 +173,8 @@ class Loop:
 
     # --- records ----------------------------------------------------------------
 
-    def process(self, messages: Iterable[Message], now: float,
-                saved: dict[int, list[Output]] | None = None) -> None:
+    def process(self, messages: Iterable[Message], now: float,  # noqa: PLR0915 (inlined:
+                saved: dict[int, list[Output]] | None = None) -> None:  # the hot path)
         """Process a batch, in offset order per partition.
 
         The hot path: a *flowing* partition (ACTIVE, no pause, nothing isolated or
@@ -166,17 +185,32 @@ class Loop:
         change a partition's state ends the run first (writes it). A partition that
         is not flowing goes through ``_one``, which checks the state record by
         record; so do held records replayed with what the transform already yielded
-        for them (``saved``)."""
+        for them (``saved``).
+
+        The clock bounds the batch: after each record the time read for the
+        transform histogram is compared with the next checkpoint (the earliest open
+        transaction's due time, at most ``_CHECKPOINT_EVERY_S`` away), and a run
+        that fills its transaction ends too. A checkpoint writes the run, starts the
+        commits that are due (their partitions hold the rest of their records) and
+        beats the heartbeat; when the replica is stopping, it ends the batch: what
+        was processed is released by the stop, the rest is left to the next owner."""
         partitions = self.partitions
         transform, max_bytes = self.transform, self.limits.lookup
         default_topic, dlq_topic = self.settings.output_topic, self.settings.dlq_topic or None
-        observe, clock = self._transform_seconds, time.perf_counter
+        observe, clock = self._transform_seconds, time.monotonic
         produced = self._produced
-        consumed = 0
         owner: Partition | None = None  # the flowing partition whose run this is
         run: list[Processed] = []
-        position = 0                    # the owner's next offset, as of the run
+        consumed = position = 0         # position: the owner's next offset, as of the run
+        room = _NO_LIMIT                # records the owner's transaction may still take
+        finished, check_at = now, self._next_checkpoint(now)  # the clock after each record
         for msg in messages:
+            if finished >= check_at or len(run) >= room or self.stopping:
+                consumed += self._write_run(owner, run, now)
+                owner, now, room = None, clock(), _NO_LIMIT
+                if self._checkpoint(now):
+                    break  # stopping: the rest is left to the next owner
+                check_at = self._next_checkpoint(now)
             error = msg.error()
             if error is not None:
                 consumed += self._write_run(owner, run, now)
@@ -191,8 +225,10 @@ class Loop:
                 owner = None
                 if not partition.flowing or saved:
                     consumed += self._one(partition, msg, now, saved)
+                    finished = clock()
                     continue
                 owner, position = partition, partition.position
+                room = self._room(partition)
             offset: int = msg.offset()  # type: ignore[assignment]
             if offset < position:
                 continue  # a stale fetch from before a seek
@@ -206,7 +242,9 @@ class Loop:
                 owner = None
                 self._not_processed(partition, msg, exc, now)
                 continue
-            observe(clock() - started)
+            finally:
+                finished = clock()
+            observe(finished - started)
             outputs, failure = result
             if failure is not None:
                 self._dead_lettered(partition, record, failure)
@@ -216,6 +254,62 @@ class Loop:
                 produced[out.topic] += 1
         consumed += self._write_run(owner, run, now)
         self._processed(consumed)
+
+    def interrupt(self) -> None:
+        """The replica stops (signal-handler safe): the batch ends after the record
+        being transformed; what was processed is released by the stop."""
+        self.stopping = True
+
+    def _room(self, partition: Partition) -> int:
+        """How many more records the partition's transaction may take in this run."""
+        txn = partition.state.txn
+        return self.policy.commit_max_records - partition.batch_records - (
+            txn.records if txn is not None else 0)
+
+    def _next_checkpoint(self, now: float) -> float:
+        """When the records must stop for a look at the clock: the earliest due time
+        of an open transaction (one opened from now on is due an interval from now),
+        and at least every ``_CHECKPOINT_EVERY_S``. O(partitions), once a checkpoint."""
+        interval = self.policy.commit_interval_s
+        due = now + min(interval, _CHECKPOINT_EVERY_S)
+        for partition in self.partitions.values():
+            txn = partition.state.txn
+            if txn is not None and txn.opened_at + interval < due:
+                due = txn.opened_at + interval
+        return due
+
+    def _checkpoint(self, now: float) -> bool:
+        """Between two records: beat, and start every commit that is due (by age or
+        size); True when the replica stops and the batch must end here."""
+        self.health.beat()
+        if self.stopping:
+            return True
+        for partition in list(self.partitions.values()):
+            if partition.batch_records:
+                self._tell_written(partition)
+            if partition.state.due(now, self.policy):
+                self._warn_near_timeout(partition, now)
+                self.dispatch(partition, sm.CommitDue(now))
+        return False
+
+    def _warn_near_timeout(self, partition: Partition, now: float) -> None:
+        """A transaction that starts its commit with half its time-out gone means a
+        record's transform takes nearly as long as a transaction may: said once."""
+        txn = partition.state.txn
+        timeout_s = self.policy.transaction_timeout_s
+        if txn is None or self._warned_near_timeout or \
+                now - txn.opened_at < _NEAR_TIMEOUT * timeout_s:
+            return
+        self._warned_near_timeout = True
+        age = now - txn.opened_at
+        log.warning("transaction.near_timeout", topic=partition.topic,
+                    partition=partition.partition, open_s=round(age, 3), records=txn.records,
+                    seconds_per_record=round(age / max(txn.records, 1), 3),
+                    transaction_timeout_ms=round(timeout_s * 1000),
+                    note="one record's transform takes a large share of the transaction "
+                         "time-out: raise TXSTAGE_TRANSACTION_TIMEOUT_MS (the broker's "
+                         "transaction.max.timeout.ms bounds it) or make the transform faster; "
+                         "past the time-out the coordinator aborts the transaction")
 
     def _processed(self, consumed: int) -> None:
         """A batch is done: tell the state machine what each partition wrote; count."""
@@ -280,7 +374,8 @@ class Loop:
             transform = lambda _record: yielded  # noqa: E731 (as yielded on the first run)
         try:
             if refusal is not None:
-                result = refused(record, OutputRefusedError(refusal), settings.dlq_topic or None)
+                result = refused(record, OutputRefusedError(refusal), settings.dlq_topic or None,
+                                 self.limits.lookup)
             else:
                 result = process(transform, record, default_topic=settings.output_topic,
                                  dlq_topic=settings.dlq_topic or None,
@@ -352,6 +447,9 @@ class Loop:
         error = getattr(event, "error", None)
         if isinstance(error, KafkaOperationError):
             self._error_metric(error)
+        if (isinstance(error, KafkaOperationError) and error.code in UNKNOWN_TOPICS) or any(
+                f.code in UNKNOWN_TOPICS for f in getattr(event, "failures", ())):
+            self.limits.forget()  # an output topic was deleted: look each one up again
         before = partition.state
         partition.state, actions = sm.transition(before, event, self.policy)
         if partition.state.phase is not before.phase:
@@ -386,13 +484,21 @@ class Loop:
             case sm.CloseProducer():
                 self.jobs.spawn(self.committer.detach(partition.key))
             case sm.DropProducer():
-                self.committer.detach(partition.key)  # its close job is never run
-                partition.job = None  # the stuck call's completion, if any, is ignored
+                # Closed once the stuck call returns, if it ever does (a close could
+                # hang the same way); a job that had not started is cancelled.
+                stuck = self.jobs.write_off(partition, self.committer.detach(partition.key))
                 log.error("producer.stuck", topic=partition.topic, partition=partition.partition,
                           transactional_id=self.committer.transactional_id(partition.key),
                           stuck_s=round(time.monotonic() - partition.phase_since, 1),
+                          stuck_calls=stuck,
                           note="a thread stays blocked in librdkafka; the producer is "
                                "replaced if the partition is still ours")
+                if stuck >= _MAX_STUCK_CALLS:
+                    raise FatalError(Where("jobs", None, partition.topic, partition.partition),
+                                     KafkaError(KafkaError._FAIL,
+                                                f"{stuck} calls on producers are stuck in "
+                                                f"librdkafka past their deadlines; a fresh "
+                                                f"process is needed"))
             case sm.Finish(txn, commit, reason, deadline):
                 work = self.committer.finish(partition.key, txn, commit, reason,
                                              self._take_group_metadata, deadline)
@@ -583,12 +689,12 @@ class Loop:
                  "transactional_id": self.committer.transactional_id(partition.key)}
         match action:
             case sm.Committed(txn, seconds):
-                if seconds >= 0:  # at-least-once seals a window: its offsets commit later
-                    self.metrics.commit_seconds.observe(seconds)
+                if seconds >= 0:  # at-least-once seals a window: its offsets commit
+                    self.metrics.commit_seconds.observe(seconds)  # later, counted then
                     self._end_to_end(txn)
-                self.metrics.committed.inc()
+                    self.metrics.committed.inc()
+                    self.metrics.last_commit.set_to_current_time()
                 self.metrics.records_per_transaction.observe(txn.records)
-                self.metrics.last_commit.set_to_current_time()
                 # The commit trail (debug: one line per transaction) for tracing a
                 # partition's committed offsets after the fact, as a soak needs.
                 log.debug("transaction.committed", **where, first_offset=txn.first,
@@ -737,7 +843,13 @@ class Loop:
         leaving = [self.partitions[key] for key in keys if key in self.partitions]
         for partition in leaving:
             partition.releasing = True
+        # An init's or a position lookup's result is discarded by the release: their
+        # jobs end on their own (an init's producer is closed then), nobody waits.
+        startup = {partition.key: partition.job for partition in leaving
+                   if partition.state.phase in _STARTUP_PHASES}
         for partition in leaving:
+            if partition.key in startup:
+                continue
             completion = self.jobs.wait(partition, deadline)
             if completion is None:
                 continue
@@ -754,7 +866,8 @@ class Loop:
             # meanwhile found is still reported (a commit that met the successor's fence
             # as a paused replica resumed): taken here, its completion never reached
             # ``settle`` and the fence went unsaid.
-            completion = self.jobs.wait(partition, deadline)
+            completion = None if partition.job is startup.get(partition.key) else \
+                self.jobs.wait(partition, deadline)
             if completion is not None and completion[0] is not None:
                 self._abandoned(partition, completion[0])  # type: ignore[arg-type]
             del self.partitions[partition.key]

@@ -702,7 +702,9 @@ def _abort_done(state: PartitionState, event: AbortDone, policy: Policy) -> Step
     cause = _cause(state.abort_error, failures)
     refusals = [f for f in failures if f.refusal]
     if state.abort_error is not None and state.abort_error.code in REFUSALS:
-        refusals.append(Failure(state.abort_error.code, "", str(state.abort_error), None))
+        # Refused at produce(): the call names its record.
+        refusals.append(Failure(state.abort_error.code, "", str(state.abort_error),
+                                state.abort_error.where.offset))
     actions: list[Action] = []
     streak, isolation, refused = state.abort_streak, state.isolation, dict(state.refused)
     suspects = dict(state.suspects)
@@ -787,7 +789,10 @@ def _poisoned(state: PartitionState, event: Poisoned, policy: Policy) -> Step:
         # prefix. Commit it; Kafka's committed offset is then the poison record.
         return replace(state, phase=Phase.COMMITTING, reposition_after_commit=True), [
             report, StartCommit(state.txn)]
-    return replace(state, phase=Phase.POSITIONING), [report, DropHeld(), LookupPosition()]
+    # A commit of this partition may have just ended (CommitDone, then the poison
+    # record in the records it held): only a stable read may say where to resume.
+    return replace(state, phase=Phase.POSITIONING), [report, DropHeld(),
+                                                     LookupPosition(after_commit=True)]
 
 
 @_on(BacklogFull)
@@ -880,7 +885,8 @@ def _culprits(refusals: list[Failure], txn: Txn | None) -> set[int] | None:
     record named by every refusal is taken as the culprit inside a transaction; a
     transaction of one record is its own culprit. Without a transaction
     (at-least-once) there is nothing to bisect with, so every named record is."""
-    inside = (lambda o: txn.first <= o < txn.next) if txn is not None else (lambda o: True)
+    # (A refusal at produce() names the record after the transaction's last: ``next``.)
+    inside = (lambda o: txn.first <= o <= txn.next) if txn is not None else (lambda o: True)
     named = {f.offset for f in refusals if f.offset is not None and inside(f.offset)}
     if txn is None:
         return named

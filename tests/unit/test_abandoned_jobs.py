@@ -22,14 +22,14 @@ from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from service.errors import FencedError, Where
+from service.errors import FatalError, FencedError, Where
 from service.metrics import Metrics
 from service.settings import load_settings
 from service.stage import exactly_once
 from service.stage import state as sm
 from service.stage.exactly_once import ExactlyOnce
 from service.stage.loop import Loop
-from service.stage.partition import TopicPartitionKey
+from service.stage.partition import Partition, TopicPartitionKey
 from tests.unit.test_positioning import RecordingCommitter, ScriptedConsumer, make_loop
 
 
@@ -182,3 +182,43 @@ def test_an_abandoned_init_ending_late_leaves_the_next_assignments_producer_alon
     until(lambda: old.closed, loop, "the abandoned init's producer closed")
     assert committer._producers == {("in", 0): new} and not new.closed
     committer.poll(time.monotonic())
+
+
+def test_a_revoke_does_not_wait_for_an_init_whose_result_it_discards(
+        gated: list[GatedProducer]) -> None:
+    # The release waited (inside the rebalance callback) for the init job up to its
+    # deadline, then abandoned it anyway: a stalled rebalance per revoke while a
+    # coordinator moved.
+    loop, _ = exactly_once_loop()
+    loop.assign([TopicPartition("in", 0)])
+    until(lambda: len(gated) == 1, loop)
+    [producer] = gated
+    started = time.monotonic()
+    loop.release([("in", 0)], lost=False, reason="revoked", deadline=started + 3)
+    assert time.monotonic() - started < 0.5, "the release waited for the init"
+    producer.answer.set()
+    until(lambda: producer.closed, loop, "the abandoned init's producer closed")
+
+
+def test_the_replica_fails_once_four_calls_are_stuck_in_librdkafka() -> None:
+    # Each stuck call keeps a thread of the 16 that run every commit, abort and close:
+    # once they were all taken, every partition's commits queued for ever while
+    # /healthz said 200. Past four the replica fails; its orchestrator restarts it.
+    loop, _, first = make_loop(ScriptedConsumer())
+    loop.committer = DetachingCommitter()  # type: ignore[assignment]
+    hold = threading.Event()
+    partitions = [first] + [loop.partitions.setdefault(("in", n), Partition("in", n))
+                            for n in range(1, 4)]
+    try:
+        for n, partition in enumerate(partitions):
+            partition.state = sm.PartitionState(sm.Phase.COMMITTING, txn=sm.Txn(0, 5, 5, 0.0))
+            loop.jobs.start(partition, lambda: (hold.wait(10), None)[1])
+            time.sleep(0.05)  # running, not queued
+            if n < 3:
+                loop.dispatch(partition, sm.CallStuck(999.0))
+                assert partition.state.phase is sm.Phase.FENCED
+        with pytest.raises(FatalError, match="4 calls on producers are stuck"):
+            loop.dispatch(partitions[3], sm.CallStuck(999.0))
+    finally:
+        hold.set()
+        loop.jobs.shutdown()

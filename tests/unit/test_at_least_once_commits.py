@@ -311,3 +311,20 @@ def test_a_release_waits_for_outputs_in_flight_only_until_its_deadline() -> None
         assert not loop.partitions
     finally:
         alo.shutdown(0)
+
+
+def test_a_sealed_window_is_not_counted_as_a_commit_until_kafka_commits_its_offsets() -> None:
+    # A seal counted as a commit: txstage_transactions_committed_total and the last
+    # commit's time advanced while no offset was committed (outputs undelivered), so
+    # TxstageNoCommitsWhileLagging could never fire in this mode.
+    loop, alo, partition, _ = alo_loop(ScriptedConsumer(batches=[batch(0, 4)]))
+    alo._metrics = loop.metrics  # one registry for the loop's and the committer's counts
+    positioned(loop, partition, 0)
+    loop.iterate()
+    loop.dispatch(partition, sm.CommitDue(time.monotonic()))  # sealed
+    committed, last = loop.metrics.committed._value, loop.metrics.last_commit._value
+    assert (committed.get(), last.get()) == (0, 0), "a seal was counted as a commit"
+    alo.offsets_committed(None, [TopicPartition("in", 0, 5)])
+    assert committed.get() == 1 and last.get() > 0
+    alo.offsets_committed(KafkaError(KafkaError.REBALANCE_IN_PROGRESS), [])
+    assert committed.get() == 1

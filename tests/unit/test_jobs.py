@@ -87,3 +87,38 @@ def test_an_abandoned_job_already_over_or_never_started_runs_it_too() -> None:
 
 def _in(seconds: float) -> float:
     return time.monotonic() + seconds
+
+
+def test_a_queued_job_written_off_as_stuck_is_cancelled_and_its_close_runs() -> None:
+    # The pool's only thread is held; a commit queued behind it is written off
+    # (CallStuck) before it starts: it must never run on the producer given up.
+    jobs = Jobs(workers=1)
+    hold, ran, closed = threading.Event(), threading.Event(), threading.Event()
+    busy, queued = Partition("in", 0), Partition("in", 1)
+    jobs.start(busy, lambda: (hold.wait(10), None)[1])
+    jobs.start(queued, lambda: (ran.set(), None)[1])
+    try:
+        assert jobs.write_off(queued, closed.set) == 0, "a queued job is not stuck"
+        hold.set()
+        assert closed.wait(5), "the given-up producer was not closed"
+        assert not ran.is_set(), "the written-off job ran"
+    finally:
+        hold.set()
+        jobs.shutdown()
+
+
+def test_a_stuck_job_is_counted_until_it_returns_then_its_producer_closes() -> None:
+    jobs = Jobs(workers=2)
+    hold, closed = threading.Event(), threading.Event()
+    stuck = Partition("in", 0)
+    jobs.start(stuck, lambda: (hold.wait(10), None)[1])
+    time.sleep(0.05)  # running
+    try:
+        assert jobs.write_off(stuck, closed.set) == 1
+        assert stuck.job is None and not closed.is_set()
+        hold.set()
+        assert closed.wait(5)
+        assert jobs.write_off(Partition("in", 1), lambda: None) == 0
+    finally:
+        hold.set()
+        jobs.shutdown()

@@ -235,6 +235,30 @@ def test_poison_without_dead_letter_topic_commits_the_prefix_then_retries_from_k
     assert actions == [sm.ResumePartition()]
 
 
+def test_poison_right_after_a_commit_resumes_from_a_stable_read_only() -> None:
+    # The commit ended (CommitDone) and the first record drained after it is poison:
+    # no transaction is open, but the commit's offsets may not be applied yet, so a
+    # plain read could give the offset before it (its records would run twice).
+    state, _ = step(active(0, 5), sm.CommitDue(0.2), sm.CommitDone(0.01, 0.3))
+    assert state.phase is Phase.ACTIVE and state.txn is None
+    poison = PoisonRecordError("in", 0, 5, ValueError("bad"))
+    state, actions = step(state, sm.Poisoned(poison, 0.3))
+    assert state.phase is Phase.POSITIONING
+    assert actions[-1] == sm.LookupPosition(after_commit=True)
+
+
+def test_an_output_refused_by_produce_itself_names_its_record() -> None:
+    # MSG_SIZE_TOO_LARGE from produce() (over the producer's message.max.bytes): the
+    # call names its record, which is sent once more, then dead-lettered.
+    too_large = AbortableError(Where("produce", "tid", "in", 0, 3),
+                               KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large"))
+    state, _ = step(active(0, 3), sm.ProduceFailed(too_large, 1.0), *aborted((), 1.1))
+    assert dict(state.suspects) == {3: str(too_large)}
+    state, _ = step(state, sm.Positioned(0, 1.2), sm.Wrote(0, 3, 3, 1.2),
+                    sm.ProduceFailed(too_large, 1.3), *aborted((), 1.4))
+    assert set(state.refused) == {3} and state.isolation is None
+
+
 def test_poison_fails_after_its_attempts() -> None:
     poison = PoisonRecordError("in", 0, 0, ValueError("bad"))
     state = active(0)

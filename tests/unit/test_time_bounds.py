@@ -1,0 +1,112 @@
+"""The clock, not the consumed batch, bounds a transaction, a stop and the heartbeat
+(docs/state-machine.md, "Time bounds the work"). The transforms here take real time
+(20 ms a record), as the ones that found the defects did.
+
+The loop runs against the scripted consumer of test_positioning and the ordered
+committer of test_loop_runs. Each test failed on the code before the fix: the whole
+batch ran before any commit, stop or beat.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+from structlog.testing import capture_logs
+
+from service import Output, Record
+from service.examples.square import square
+from service.health import Health
+from service.stage import state as sm
+from service.stage.loop import Loop
+from service.stage.partition import Partition
+from tests.unit.test_loop_runs import GroupConsumer, OrderedCommitter
+from tests.unit.test_positioning import POLICY, batch, make_loop, positioned
+
+DELAY_S = 0.02
+
+
+def slow(record: Record) -> Iterator[Output]:
+    time.sleep(DELAY_S)
+    yield from square(record)
+
+
+def slow_loop(batches: int = 1, records: int = 30, interval_s: float = 0.1,
+              transform: Callable[[Record], Iterator[Output]] = slow, **policy: float
+              ) -> tuple[Loop, OrderedCommitter, Partition]:
+    loop, _, partition = make_loop(GroupConsumer(batches=[
+        batch(2810 + n * records, 2810 + (n + 1) * records - 1) for n in range(batches)]))
+    committer = OrderedCommitter()
+    loop.committer = committer  # type: ignore[assignment]
+    loop.transform = transform
+    loop.policy = replace(POLICY, commit_interval_s=interval_s, **policy)  # type: ignore[arg-type]
+    positioned(loop, partition, 2810)
+    return loop, committer, partition
+
+
+def test_a_transaction_due_in_the_middle_of_a_batch_commits_there_and_holds_the_rest() -> None:
+    # 30 records at 20 ms: 0.6 s of transform in one batch, a 100 ms commit interval.
+    loop, committer, partition = slow_loop()
+    loop.iterate()
+    assert committer.txns, "nothing was committed during the batch"
+    first = committer.txns[0]
+    assert first.first == 2810 and first.records <= 8, first
+    assert partition.state.phase is sm.Phase.COMMITTING
+    # The rest of the batch waits, in order, for the commit: not lost, not run.
+    held = [msg.offset() for msg in partition.held]
+    assert held == list(range(first.next, 2840))
+    assert committer.written == list(range(2810, first.next))
+
+
+def test_a_full_transaction_commits_in_the_middle_of_a_fast_batch() -> None:
+    loop, committer, partition = slow_loop(records=50, transform=square, commit_max_records=20)
+    loop.iterate()
+    assert [(txn.first, txn.records) for txn in committer.txns] == [(2810, 20)]
+    assert [msg.offset() for msg in partition.held] == list(range(2830, 2860))
+
+
+def test_a_stop_ends_the_batch_after_the_record_being_transformed() -> None:
+    loop: Loop
+
+    def stopped_at_2815(record: Record) -> Iterator[Output]:
+        if record.offset == 2815:
+            loop.interrupt()  # SIGTERM while this record is transformed
+        yield from slow(record)
+
+    loop, committer, partition = slow_loop(interval_s=60.0, transform=stopped_at_2815)
+    started = time.monotonic()
+    loop.iterate()
+    assert time.monotonic() - started < 0.5, "the batch ran on after the stop"
+    assert committer.written == list(range(2810, 2816))
+    # What was processed is in the transaction the stop releases (commits).
+    assert partition.state.txn is not None
+    assert (partition.state.txn.first, partition.state.txn.next) == (2810, 2816)
+    assert partition.position == 2816
+
+
+def test_the_liveness_heartbeat_follows_records_not_batches() -> None:
+    loop: Loop
+    seen: list[bool] = []
+
+    def looks_at_health(record: Record) -> Iterator[Output]:
+        seen.append(loop.health.liveness()[0])
+        yield from slow(record)
+
+    loop, _, _ = slow_loop(records=60, interval_s=60.0, transform=looks_at_health)
+    loop.health = Health(stale_after=0.7)  # the batch takes 1.2 s
+    loop.iterate()
+    assert len(seen) == 60 and all(seen), seen
+
+
+def test_a_transaction_open_for_half_its_timeout_is_warned_about_once() -> None:
+    # 20 ms a record against a 30 ms transaction time-out: each commit starts with
+    # more than half of it gone.
+    loop, _, _ = slow_loop(interval_s=0.01, transaction_timeout_s=0.03)
+    with capture_logs() as logs:
+        loop.iterate()
+        loop.tick(time.monotonic() + 1)
+    warnings = [line for line in logs if line["event"] == "transaction.near_timeout"]
+    assert len(warnings) == 1, logs
+    assert warnings[0]["transaction_timeout_ms"] == 30
+    assert "TXSTAGE_TRANSACTION_TIMEOUT_MS" in warnings[0]["note"]
