@@ -134,8 +134,12 @@ class Loop:
         self.tick(time.monotonic())
 
     def settle(self, now: float) -> None:
-        """Dispatch what finished beside the loop: jobs, delivery reports, lookups."""
-        for partition, (event, error) in self.jobs.completions():
+        """Dispatch what finished beside the loop: jobs, delivery reports, lookups.
+        Only the jobs finished by now: a commit that ends while held records drain
+        waits for the next iteration, so the loop returns to ``consume()`` (taken as
+        they came, a slow transform's partitions drained their whole backlogs here,
+        commit after commit, past ``max.poll.interval.ms``)."""
+        for partition, (event, error) in list(self.jobs.completions()):
             if error is not None:
                 raise error
             if event is None:

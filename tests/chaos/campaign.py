@@ -250,6 +250,7 @@ def _set_up(cluster: KafkaCluster, proxy: FaultProxy, log_dir: Path, guarantee: 
         "TXSTAGE_TRANSACTION_TIMEOUT_MS": str(int(TRANSACTION_TIMEOUT_S * 1000)),
         "TXSTAGE_CONSUMER__MAX_POLL_INTERVAL_MS": str(int(MAX_POLL_INTERVAL_S * 1000)),
         "TEST_STALL_FILE": str(log_dir / "stall"),
+        "TEST_SLOW_FILE": str(log_dir / "slow"),
     }
     if group_protocol == "classic":
         env |= {"TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS": str(int(SESSION_TIMEOUT_S * 1000)),
@@ -351,6 +352,7 @@ def _heal(world: World, say: Say) -> None:
         if not replica.alive() and replica.name not in world.left:
             replica.start()
     Path(world.stall_file).unlink(missing_ok=True)
+    (world.log_dir / "slow").unlink(missing_ok=True)
 
 
 def _drain(progress: _Progress, timeout_s: float) -> bool:

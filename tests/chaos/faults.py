@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from confluent_kafka import Producer
+
 from tests.harness.proxy import Api
 
 if TYPE_CHECKING:
@@ -169,6 +171,29 @@ def transform_stall(world: World, rng: random.Random) -> str | None:
     return f"a transform call stalls {seconds:.1f} s (past {past})"
 
 
+def transform_slow_phase(world: World, rng: random.Random) -> str | None:
+    """Every replica's transform takes 50-200 ms a record for 20 s (a slow enrichment
+    service): transactions, stops and heartbeats must stay bounded by the clock."""
+    slow = world.log_dir / "slow"
+    if slow.exists() and float(slow.read_text().split()[1]) > time.time():
+        return None
+    ms = rng.uniform(50, 200)
+    slow.write_text(f"{ms:.0f} {time.time() + 20:.3f}")
+    return f"the transform takes {ms:.0f} ms a record for 20 s"
+
+
+def poison_near_limit(world: World, rng: random.Random) -> str | None:
+    """A record just under the producer's message.max.bytes that the transform rejects:
+    its dead letter (value + error headers) must be cut to fit, never refused."""
+    size = rng.randint(999_000, 999_800)
+    producer = Producer({"bootstrap.servers": world.cluster.direct_bootstrap,
+                         "enable.idempotence": True})
+    producer.produce(world.env["TXSTAGE_INPUT_TOPICS"], b"x" * size, b"near-limit")
+    if producer.flush(30) != 0:
+        return None
+    return f"a {size:,}-byte poison record"
+
+
 LIBRARY: dict[str, Fault] = {
     "replica_sigkill": replica_sigkill,
     "replica_sigterm": replica_sigterm,
@@ -181,6 +206,8 @@ LIBRARY: dict[str, Fault] = {
     "net_offsets_late": net_offsets_late,
     "net_partition_replica": net_partition_replica,
     "transform_stall": transform_stall,
+    "transform_slow_phase": transform_slow_phase,
+    "poison_near_limit": poison_near_limit,
 }
 
 

@@ -196,9 +196,14 @@ def chaos(record: Record) -> Iterator[Output]:
     - a value that is a multiple of 1009 raises: dead-lettered;
     - while the file ``TEST_STALL_FILE`` exists, the first record to see it removes it
       and sleeps the seconds written in it (a stall past a time-out, injected by the
-      campaign at a moment of its choosing)."""
+      campaign at a moment of its choosing);
+    - while the file ``TEST_SLOW_FILE`` says so (``<ms> <until, epoch seconds>``), every
+      record takes that long (a slow phase; the file is read every 0.25 s)."""
     if record.offset % 997 == 0:
         time.sleep(0.02)
+    slow_ms = _slow_phase_ms()
+    if slow_ms:
+        time.sleep(slow_ms / 1000)
     stall_file = os.environ.get("TEST_STALL_FILE")
     if stall_file and os.path.exists(stall_file):
         try:
@@ -211,6 +216,25 @@ def chaos(record: Record) -> Iterator[Output]:
     if record.value is not None and record.value.isdigit() and int(record.value) % 1009 == 0:
         raise ValueError(f"chaos: {int(record.value)} is a multiple of 1009")
     yield from square(record)
+
+
+_slow_phase: list[float] = [0.0, 0.0, 0.0]  # checked at (monotonic), ms, until (epoch)
+
+
+def _slow_phase_ms() -> float:
+    checked_at, ms, until = _slow_phase
+    now = time.monotonic()
+    if now - checked_at >= 0.25:
+        ms, until = 0.0, 0.0
+        slow_file = os.environ.get("TEST_SLOW_FILE")
+        if slow_file:
+            try:
+                with open(slow_file) as f:
+                    ms, until = (float(part) for part in f.read().split())
+            except (OSError, ValueError):
+                pass
+        _slow_phase[:] = [now, ms, until]
+    return ms if time.time() < until else 0.0
 
 
 def square_broken_on_sevens(record: Record) -> Iterator[Output]:

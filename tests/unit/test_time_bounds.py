@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+from confluent_kafka import Message
 from structlog.testing import capture_logs
 
 from service import Output, Record
@@ -110,3 +111,28 @@ def test_a_transaction_open_for_half_its_timeout_is_warned_about_once() -> None:
     assert len(warnings) == 1, logs
     assert warnings[0]["transaction_timeout_ms"] == 30
     assert "TXSTAGE_TRANSACTION_TIMEOUT_MS" in warnings[0]["note"]
+
+
+def test_settling_drains_each_finished_commit_once_then_lets_the_loop_consume() -> None:
+    # Commits that ended while held records drained were taken by the same settle:
+    # with a slow transform two partitions drained their whole backlogs, commit after
+    # commit, and the loop never returned to consume(). A chaos run (54 ms a record)
+    # left the group on max.poll.interval.ms that way.
+    loop, committer, first = slow_loop(records=50, interval_s=0.05)
+    second = Partition(first.topic, 1)
+    second.state, second.position, second.check_first = first.state, 0, False
+    loop.partitions[second.key] = second
+    second.refresh_flowing()
+    loop.consumer.batches.append([  # type: ignore[attr-defined]
+        Message(topic=first.topic, partition=1, offset=o, key=b"k", value=b"2", headers=None,
+                error=None, timestamp=(1, 1_700_000_000_000)) for o in range(50)])
+    committer.commit = lambda key, txn, metadata: (  # type: ignore[method-assign]
+        lambda: (time.sleep(0.005), sm.CommitDone(0.005, time.monotonic()))[1])
+    loop.iterate()
+    loop.iterate()
+    assert min(len(first.held), len(second.held)) > 40
+    time.sleep(0.05)  # both commits have ended
+    started = time.monotonic()
+    loop.settle(time.monotonic())
+    assert time.monotonic() - started < 0.5, "settle drained the whole backlog"
+    assert len(first.held) > 30 and len(second.held) > 30
