@@ -5,9 +5,10 @@ that take real time (20-40 ms a record).
 Each test failed on the code before the fix: the slow transform livelocked (every
 transaction timed out by the coordinator, the same 500 records redone for ever,
 /healthz 200), the stop ran past its budget, and the near-limit record's dead letter
-was refused by produce() and the replica exited 1, as did each next owner.
+was refused by produce() and the replica exited 1, as did each next owner; an
+output topic deleted at run time made the stage abort the same transactions for ever.
 
-About 95 s.
+About 110 s.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
+from service import lineage
 from service.deadletter import DROPPED
 from service.verify import read_topics
+from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaService
-from tests.integration.conftest import StageSetup, _tear_down, build_stage
+from tests.integration.conftest import PARTITIONS, StageSetup, _tear_down, build_stage
 from tests.integration.replicas import produce_inputs, value, wait_for
 
 pytestmark = pytest.mark.kafka
@@ -112,4 +116,32 @@ def test_a_near_limit_poison_record_is_dead_lettered_cut_to_fit(
     headers = dict(letter.headers)
     assert headers[DROPPED] == b"value=999700" and letter.value is None
     assert headers["txstage.error.offset"] == b"50"  # input 101: partition 1, offset 50
+    assert replica.terminate() == 0
+
+
+def test_an_output_topic_deleted_at_run_time_dead_letters_its_records(
+        classic_stage: StageSetup, unique_name: Callable[[str], str]) -> None:
+    # The topic's limits stayed cached, its outputs failed delivery, and the stage
+    # aborted the same transactions again and again (_INCONSISTENT): nothing was
+    # committed in 150 s. The refusal now names its record, the limits are looked up
+    # again, and the records routed to the missing topic are dead-lettered.
+    stage = classic_stage
+    side = create_topic(stage.bootstrap, unique_name("side"), partitions=2)
+    replica = stage.replica(
+        "a", TXSTAGE_TRANSFORM="tests.integration.transforms:square_and_copy_to_side",
+        TEST_SIDE_TOPIC=side)
+    produce_inputs(stage.bootstrap, stage.input_topic, range(200), PARTITIONS)
+    stage.wait_committed(60)
+    admin = AdminClient({"bootstrap.servers": stage.bootstrap})
+    for future in admin.delete_topics([side]).values():
+        future.result(30)
+    produce_inputs(stage.bootstrap, stage.input_topic, range(200, 400), PARTITIONS)
+    stage.wait_committed(60)
+    assert replica.alive(), stage.logs()
+    found = [lineage.read(r.headers) for r in read_topics(stage.bootstrap,
+                                                           [stage.output_topic, stage.dlq_topic])]
+    sources = [(tag.partition, tag.offset) for tag in found if tag is not None]
+    assert len(sources) == len(set(sources)) == 400, "each input: its square or its letter"
+    letters = {e["error_class"] for e in replica.events("record.dead_lettered")}
+    assert letters and letters <= {"UnknownTopicError", "OutputRefusedError"}, letters
     assert replica.terminate() == 0

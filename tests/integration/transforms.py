@@ -247,3 +247,10 @@ def square_broken_on_sevens(record: Record) -> Iterator[Output]:
     if n % broken == 0:
         raise ValueError(f"{n} is a multiple of {broken}")
     yield from square(record)
+
+
+def square_and_copy_to_side(record: Record) -> Iterator[Output]:
+    """Square, and the input's value again to ``TEST_SIDE_TOPIC``: a fan-out whose
+    second topic may be deleted while the stage runs."""
+    yield from square(record)
+    yield Output(value=record.value, key=record.key, topic=os.environ["TEST_SIDE_TOPIC"])
