@@ -30,6 +30,8 @@ class AuditReport:
     outputs_read: int = 0
     outputs_ahead: int = 0  # of inputs past the committed offsets (or before the window)
     letters_pending: int = 0  # dead-lettered, the transform now succeeds, not redriven
+    learned_topics: list[str] = field(default_factory=list)  # written by the transform
+    read_to: dict[str, str] = field(default_factory=dict)  # output partition → how far, why
     seconds: float = 0.0
     bytes_per_input: int = 10
     max_examples: int = 10
@@ -57,6 +59,7 @@ class AuditReport:
             "inputs": self.inputs, "expected_outputs": self.expected_outputs,
             "outputs_read": self.outputs_read, "outputs_ahead": self.outputs_ahead,
             "letters_pending": self.letters_pending,
+            "learned_topics": self.learned_topics, "read_to": self.read_to,
             "seconds": round(self.seconds, 3), "records_per_second": round(self.rate),
             "violations": {k: {"count": v.count, "examples": v.examples}
                            for k, v in self.violations.items()},
@@ -73,6 +76,14 @@ class AuditReport:
                  f"window (newer than the committed offsets): {self.outputs_ahead}",
                  f"dead letters the transform now handles, not redriven yet: "
                  f"{self.letters_pending}"]
+        if self.learned_topics:
+            lines.append(f"topics the transform writes, audited too: "
+                         f"{', '.join(self.learned_topics)}")
+        held = {k: v for k, v in self.read_to.items() if "transaction is open" in v}
+        lines.append(f"output partitions: {len(self.read_to)} read to their end"
+                     if not held else f"output partitions: {len(self.read_to) - len(held)} "
+                     f"read to their end, {len(held)} to their last stable offset")
+        lines += [f"  {partition}: {how}" for partition, how in sorted(held.items())]
         for kind, description in KINDS.items():
             found = self.violations[kind]
             mark = "ok " if found.count == 0 else "BAD"

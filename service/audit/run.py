@@ -62,15 +62,45 @@ def audit(*, config: Mapping[str, Any], group_id: str, input_topics: list[str],
     committed = reading.committed(config, group_id, inputs)
     starts = _starts(config, inputs, start or Earliest())
     run.read_inputs({k: PartitionLedger(starts[k], max(committed[k], 0)) for k in inputs})
+    # The topics the transform wrote for these inputs are audited too (a fan-out's second
+    # topic): learned by running it, not remembered by the operator. One that does not
+    # exist holds nothing to check (the stage dead-letters what it routes there).
+    learned = sorted(run.topics - set(output_topics) - set(input_topics))
+    if learned:
+        run.report.learned_topics = learned
+        more = [key for topic in learned for key in _partitions_if_any(config, topic)]
+        outputs += more
+        watched += more
+        lso0 |= reading.list_offsets(config, more, LATEST)
+        high0 |= reading.list_offsets(config, more, LATEST, IsolationLevel.READ_UNCOMMITTED)
     # Taken after C: every output of an input below C is below these last stable offsets.
     ends = reading.list_offsets(config, outputs, LATEST)
-    run.read_outputs({k: (v, ends[k]) for k, v in (
-        reading.offsets_for_time(config, outputs, start.ms) if isinstance(start, Timestamp)
-        else reading.list_offsets(config, outputs, EARLIEST)).items()})
+    firsts = reading.offsets_for_time(config, outputs, start.ms) \
+        if isinstance(start, Timestamp) else reading.list_offsets(config, outputs, EARLIEST)
+    run.read_outputs({k: (v, ends[k]) for k, v in firsts.items()})
     run.judge()
     _hanging(config, run.report, watched, lso0, high0, began + stuck_after_s)
+    _read_to(run.report, outputs, ends, high0)
     run.report.seconds = time.monotonic() - began
     return run.report
+
+
+def _partitions_if_any(config: Mapping[str, Any], topic: str) -> list[Partition]:
+    try:
+        return reading.partitions(config, [topic])
+    except LookupError:  # does not exist: nothing was written to it
+        return []
+
+
+def _read_to(report: AuditReport, outputs: list[Partition], ends: dict[Partition, int],
+             high0: dict[Partition, int]) -> None:
+    """How far each output partition was read, and why there: its last stable offset,
+    below the high watermark while a transaction is open (outputs past it unchecked)."""
+    for key in outputs:
+        held = high0[key] - ends[key]
+        why = "the end" if held <= 0 else \
+            f"the last stable offset: a transaction is open ({held} offsets past it unchecked)"
+        report.read_to[f"{key[0]}/{key[1]}"] = f"read to {ends[key]:,} ({why})"
 
 
 class _Audit:
@@ -84,6 +114,7 @@ class _Audit:
         self.default_topic, self.dlq_topic, self.report = default_topic, dlq_topic, report
         self.ledgers: dict[Partition, PartitionLedger] = {}
         self.last: dict[tuple[str, int, str, int], int] = {}
+        self.topics: set[str] = set()  # every topic the transform wrote to
 
     def read_inputs(self, ledgers: dict[Partition, PartitionLedger]) -> None:
         self.ledgers = ledgers
@@ -102,6 +133,7 @@ class _Audit:
             ledger.expect(record.offset, [])
             return
         self.report.expected_outputs += len(result.outputs)
+        self.topics.update(out.topic for out in result.outputs)
         if result.dead_lettered:
             ledger.expect_letter(record.offset)
             return
@@ -180,11 +212,15 @@ def _hanging(config: Mapping[str, Any], report: AuditReport, watched: list[Parti
     """A partition whose last stable offset stayed at its t0 value, below its t0 high
     watermark, until ``until``: a transaction has been open at least that long."""
     suspects = [k for k in watched if lso0[k] < high0[k]]
-    if not suspects:
-        return
-    time.sleep(max(0.0, until - time.monotonic()))
-    lso1 = reading.list_offsets(config, suspects, LATEST)
+    while suspects:
+        lso1 = reading.list_offsets(config, suspects, LATEST)
+        suspects = [k for k in suspects if lso1[k] == lso0[k]]  # moved: not hanging
+        if not suspects or time.monotonic() >= until:
+            break
+        time.sleep(min(_RECHECK_S, max(until - time.monotonic(), 0.0)))
     for key in suspects:
-        if lso1[key] == lso0[key]:
-            report.add("hanging", f"{key[0]}/{key[1]}: last stable offset {lso0[key]} below "
-                                  f"the high watermark {high0[key]} the whole audit")
+        report.add("hanging", f"{key[0]}/{key[1]}: last stable offset {lso0[key]} below "
+                              f"the high watermark {high0[key]} the whole audit")
+
+
+_RECHECK_S = 0.5  # a suspected hanging transaction is looked at again this often

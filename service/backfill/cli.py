@@ -16,6 +16,7 @@ from typing import NoReturn
 from service.backfill import config, parity, plan
 from service.backfill.slice_writer import DEFAULT_TRANSACTION_BYTES, DEFAULT_TRANSACTION_RECORDS
 from service.backfill.specs import KafkaSource, parse_sink, parse_source
+from service.backfill.topic_map import UnmappedTopicError, parse_pairs
 from service.errors import ConfigError
 from service.lineage import Lineage
 from service.settings import environment
@@ -46,7 +47,11 @@ def main(argv: Sequence[str]) -> int:
         return 2
     except Exception as exc:
         log.debug("backfill failed", exc_info=True)
-        print(f"{PROG}: failed: {describe_failure(exc)}", file=sys.stderr)
+        failure = describe_failure(exc)
+        if failure.startswith(f"{UnmappedTopicError.__name__}: "):  # met in a Spark task
+            print(f"{PROG}: error: {failure.partition(': ')[2]}", file=sys.stderr)
+            return 2
+        print(f"{PROG}: failed: {failure}", file=sys.stderr)
         return 1
 
 
@@ -90,7 +95,14 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-topic", help="for outputs with topic=None "
                    "(default TXSTAGE_OUTPUT_TOPIC)")
     p.add_argument("--dlq-topic", help="dead-letter topic; '' fails on a poison record "
-                   "(default TXSTAGE_DLQ_TOPIC)")
+                   "(default: TXSTAGE_DLQ_TOPIC mapped by --topic-map or --topic-suffix)")
+    p.add_argument("--topic-map", action="append", default=[], metavar="TOPIC=SINK_TOPIC",
+                   help="write the outputs the transform (or TXSTAGE_OUTPUT_TOPIC, "
+                   "TXSTAGE_DLQ_TOPIC) sends to TOPIC into SINK_TOPIC (repeatable); a Kafka "
+                   "sink refuses an output to a topic not mapped or named; TOPIC=TOPIC "
+                   "writes into the live topic")
+    p.add_argument("--topic-suffix", metavar="SUFFIX", help="map every topic not given by "
+                   "--topic-map to <topic><SUFFIX>, e.g. -v2")
     p.add_argument("--bootstrap-servers", help="default TXSTAGE_BOOTSTRAP_SERVERS")
     p.add_argument("--transactional-id-prefix", help="default TXSTAGE_TRANSACTIONAL_ID_PREFIX, "
                    "else TXSTAGE_GROUP_ID, else txstage")
@@ -106,7 +118,8 @@ def run_parser() -> argparse.ArgumentParser:
                    "memory to replay it, at most (default %(default)s)")
     p.add_argument("--transaction-ms", type=_positive, default=2000,
                    help="commit at least this often (default %(default)s)")
-    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and the topics "
+                   "the transform writes in a sample of each slice, mapped or not, and exit")
     p.add_argument("--overwrite", action="store_true", help="replace an existing Parquet sink")
     p.add_argument("--master", help="Spark master when not under spark-submit "
                    "(default local[*,4])")
@@ -134,7 +147,8 @@ def _run(args: list[str]) -> int:
         transaction_bytes=ns.transaction_bytes,
         transaction_ms=ns.transaction_ms, dry_run=ns.dry_run, overwrite=ns.overwrite,
         master=ns.master, spark_conf=_pairs(ns.conf, "--conf"),
-        progress_interval_s=ns.progress_interval)
+        progress_interval_s=ns.progress_interval, topic_map=parse_pairs(ns.topic_map),
+        topic_suffix=ns.topic_suffix)
     return job.run(config.build(flags, environment()))
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from service.backfill import plan
 from service.backfill.slice_writer import DEFAULT_TRANSACTION_BYTES, DEFAULT_TRANSACTION_RECORDS
 from service.backfill.specs import FileSource, KafkaSink, KafkaSource, Sink, Source
+from service.backfill.topic_map import TopicMap
 from service.errors import ConfigError
 from service.settings import Settings, load_settings
 
@@ -44,6 +45,8 @@ class Flags:
     master: str | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     progress_interval_s: float = 10.0
+    topic_map: Mapping[str, str] = field(default_factory=dict)  # --topic-map
+    topic_suffix: str | None = None  # --topic-suffix
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,7 @@ class JobConfig:
     id_prefix: str
     progress_topic: str
     settings: Settings | None  # None when neither source nor sink is Kafka
+    topics: TopicMap = field(default_factory=TopicMap)  # where each output topic is written
 
     @property
     def source(self) -> Source:
@@ -78,10 +82,10 @@ class JobConfig:
 def build(flags: Flags, env: Mapping[str, str]) -> JobConfig:
     """Resolve flags against ``env``; ConfigError lists every problem found."""
     sink_topic = flags.sink.topic if isinstance(flags.sink, KafkaSink) else None
-    output_topic = _pick(flags.output_topic, sink_topic, env.get("TXSTAGE_OUTPUT_TOPIC"))
     transform = flags.transform or env.get("TXSTAGE_TRANSFORM", "")
-    dlq = flags.dlq_topic if flags.dlq_topic is not None else env.get("TXSTAGE_DLQ_TOPIC", "")
-    problems = _missing(output_topic, transform)
+    output_topic, dlq, topics, problems = _topics(flags, env, sink_topic)
+    # (An output topic refused as the stage's live one is not missing as well.)
+    problems = _missing(output_topic, transform, output_known=bool(problems)) + problems
     if flags.output_topic and sink_topic and flags.output_topic != sink_topic:
         problems.append(f"--output-topic {flags.output_topic} and --sink kafka://{sink_topic} "
                         f"disagree; give one of them")
@@ -95,7 +99,44 @@ def build(flags: Flags, env: Mapping[str, str]) -> JobConfig:
     settings = _settings(flags, env, job_id, prefix, transform, output_topic, dlq)
     progress_topic = flags.progress_topic or default_progress_topic(prefix)
     return JobConfig(flags, job_id, definition, transform, output_topic, dlq or None, prefix,
-                     progress_topic, settings)
+                     progress_topic, settings, topics)
+
+
+def _topics(flags: Flags, env: Mapping[str, str], sink_topic: str | None
+            ) -> tuple[str | None, str, TopicMap, list[str]]:
+    """The sink's default output and dead-letter topics and the map of every other topic
+    (topic_map.py): a topic taken from the stage's settings is its live one, written
+    only where mapped or named."""
+    named = dict(flags.topic_map)
+    stage_out = env.get("TXSTAGE_OUTPUT_TOPIC") or None
+    stage_dlq = env.get("TXSTAGE_DLQ_TOPIC") or None
+    kafka = isinstance(flags.sink, KafkaSink)
+    problems: list[str] = []
+    aliases: dict[str, str] = {}
+
+    def sink_of(what: str, given: str | None, stage: str | None, variable: str,
+                flag: str) -> str | None:
+        if given is not None:  # named on the command line
+            if stage and given and stage != given:
+                aliases.setdefault(stage, given)  # Output(topic=<the stage's>) goes there too
+            return given
+        if stage is None or not kafka:
+            return stage
+        mapped = named.get(stage) or (stage + flags.topic_suffix if flags.topic_suffix else None)
+        if mapped is None:
+            problems.append(f"the {what} topic {stage!r} comes from {variable}: it is the "
+                            f"stage's live topic; name the backfill's with {flag}, or map it "
+                            f"(--topic-map {stage}=<topic> or --topic-suffix <suffix>; "
+                            f"--topic-map {stage}={stage} writes into it)")
+        return mapped
+
+    output = sink_of("default output", flags.output_topic or sink_topic, stage_out,
+                     "TXSTAGE_OUTPUT_TOPIC", "--sink kafka://<topic>")
+    dlq = sink_of("dead-letter", flags.dlq_topic, stage_dlq, "TXSTAGE_DLQ_TOPIC",
+                  "--dlq-topic <topic>") or ""
+    topics = TopicMap({**aliases, **named}, flags.topic_suffix or None,
+                      frozenset(t for t in (output, dlq) if t), strict=kafka)
+    return output, dlq, topics, problems
 
 
 def id_prefix(flag: str | None, env: Mapping[str, str]) -> str:
@@ -117,13 +158,9 @@ def reader_settings(env: Mapping[str, str], bootstrap: str) -> Settings:
                           "TXSTAGE_TRANSFORM": "<none>:<none>", "TXSTAGE_DLQ_TOPIC": ""})
 
 
-def _pick(*candidates: str | None) -> str | None:
-    return next((c for c in candidates if c), None)
-
-
-def _missing(output_topic: str | None, transform: str) -> list[str]:
+def _missing(output_topic: str | None, transform: str, *, output_known: bool) -> list[str]:
     problems = []
-    if not output_topic:
+    if not output_topic and not output_known:
         problems.append("no output topic: set TXSTAGE_OUTPUT_TOPIC or pass --output-topic "
                         "(the topic of outputs whose Output.topic is None)")
     if not transform:

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from service.backfill import (
     kafka_clients,
@@ -26,6 +27,7 @@ from service.backfill import (
     progress,
     report,
     rows,
+    slice_reader,
     sources,
     tasks,
 )
@@ -34,7 +36,10 @@ from service.backfill.plan import Plan, Slice, fingerprint, slice_ranges
 from service.backfill.progress import JobState
 from service.backfill.session import spark_session
 from service.backfill.specs import FileSource, KafkaSource, ParquetSink
-from service.errors import ConfigError
+from service.backfill.topic_map import unmapped_problem
+from service.errors import ConfigError, PoisonRecordError
+from service.processing import process
+from service.records import Record
 from service.transform import load_transform
 
 log = logging.getLogger("txstage.backfill")
@@ -93,7 +98,8 @@ def _from_kafka(config: JobConfig, source: KafkaSource, started: float) -> Outco
                        lambda: _check_sink_topics(config, admin))[0]
     fresh = _plan(config, slice_ranges(ranges, config.flags.slice_records))
     job = _settle(config, admin, fresh, started)
-    early = _finished_before_spark(job)
+    seen = _sampled_topics(config, admin, _kafka_samples(config, job))
+    early = _finished_before_spark(job, seen)
     if early is not None:
         return early
     with _session(config) as spark:
@@ -115,7 +121,11 @@ def _from_files(config: JobConfig, source: FileSource, started: float) -> Outcom
         fresh = _plan(config, slice_ranges(sources.file_ranges(frame, config.flags.slice_records),
                                            config.flags.slice_records))
         job = _settle(config, admin, fresh, started)
-        early = _finished_before_spark(job)
+        sample = (record for _, record in rows.sliced_records(
+            frame.limit(SAMPLE_RECORDS).select(F.lit(0).alias("slice"), "*").toArrow()
+            .to_batches()))
+        seen = _sampled_topics(config, admin, sample)
+        early = _finished_before_spark(job, seen)
         if early is not None:
             return early
         tagged = sources.tag_slices(spark, frame, job.pending(), config.flags.slice_records)
@@ -149,10 +159,56 @@ def _plan(config: JobConfig, slices: tuple[Slice, ...]) -> Plan:
                 slices)
 
 
-def _finished_before_spark(job: Run) -> Outcome | None:
+# -- the topics the transform writes: a sample, checked before anything is written ------
+
+SAMPLE_RECORDS = 100  # per slice (a file source: of the whole input)
+SAMPLED_SLICES = 64   # at most, spread over the plan: the driver reads them one by one
+
+
+def _kafka_samples(config: JobConfig, job: Run) -> Iterator[Record]:
+    """The first records of each pending slice (of at most SAMPLED_SLICES, spread)."""
+    pending = job.pending()
+    step = max(1, -(-len(pending) // SAMPLED_SLICES))
+    for piece in pending[::step]:
+        yield from slice_reader.read_range(config.kafka(), piece.topic, piece.partition,
+                                           piece.start, min(piece.end,
+                                                            piece.start + SAMPLE_RECORDS))
+
+
+def _sampled_topics(config: JobConfig, admin: AdminClient | None,
+                    sample: Iterable[Record]) -> dict[str, str]:
+    """``topic -> the input that first wrote to it`` over ``sample``, the transform run as
+    the tasks run it; a Kafka sink refuses (ConfigError, exit 2) an unmapped topic and a
+    sink topic that does not exist, unless this is a dry run (which lists them)."""
+    run = functools.partial(process, load_transform(config.transform),
+                            default_topic=config.output_topic, dlq_topic=config.dlq_topic,
+                            max_bytes=lambda _topic: 1 << 62)
+    seen: dict[str, str] = {}
+    for record in sample:
+        try:
+            result = run(record)
+        except PoisonRecordError:
+            continue
+        for out in result.outputs:
+            seen.setdefault(out.topic, f"{record.topic}/{record.partition}/{record.offset}")
+    if not config.kafka_sink or config.flags.dry_run:
+        return seen
+    problems = [unmapped_problem(topic, where) for topic, where in sorted(seen.items())
+                if config.topics.how(topic) == "NOT MAPPED"]
+    assert admin is not None, "a Kafka sink has an admin client"
+    targets = {config.topics(t) for t in seen if config.topics.how(t) != "NOT MAPPED"}
+    problems += [f"sink topic {topic!r} does not exist" for topic in sorted(targets)
+                 if topic not in config.topics.targets()
+                 and offsets.topic_partitions(admin, topic) is None]
+    if problems:
+        raise ConfigError(*problems)
+    return seen
+
+
+def _finished_before_spark(job: Run, seen: dict[str, str]) -> Outcome | None:
     """Print the plan; the outcome when there is nothing for Spark to do (a dry run, or
     every slice done), else None."""
-    report.print_plan(job.config, job.plan, job.state)
+    report.print_plan(job.config, job.plan, job.state, seen)
     if job.config.flags.dry_run:
         return _outcome(job, job.state, [], 0.0, "dry run")
     if not job.pending():
@@ -183,6 +239,10 @@ def _check_sink_topics(config: JobConfig, admin: AdminClient) -> None:
     for what, topic in (("output", config.output_topic), ("dead-letter", config.dlq_topic)):
         if topic and offsets.topic_partitions(admin, topic) is None:
             problems.append(f"{what} topic {topic!r} does not exist")
+    for topic, sink in sorted(config.topics.named.items()):
+        if sink not in (config.output_topic, config.dlq_topic) and \
+                offsets.topic_partitions(admin, sink) is None:
+            problems.append(f"sink topic {sink!r} (--topic-map {topic}={sink}) does not exist")
     if problems:
         raise ConfigError(*problems)
 
@@ -234,7 +294,8 @@ def _check_same_job(config: JobConfig, state: JobState, fresh: Plan) -> None:
 def _processing(config: JobConfig, *, kafka_limits: bool) -> tasks.Processing:
     settings = config.settings
     return tasks.Processing(config.transform, config.output_topic, config.dlq_topic,
-                            tasks.max_bytes(settings), settings if kafka_limits else None)
+                            tasks.max_bytes(settings), settings if kafka_limits else None,
+                            config.topics)
 
 
 # The mapInArrow bodies: (what they need, the task's input batches) → output batches.

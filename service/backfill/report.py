@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +53,12 @@ def plan_lines(config: JobConfig, plan: Plan, state: JobState | None) -> list[st
 
 def _sink(config: JobConfig) -> str:
     if isinstance(config.sink, KafkaSink):
-        return (f"kafka, exactly once: outputs to {config.output_topic} (or the topic the "
-                f"transform names), progress in {config.progress_topic}, transactional ids "
+        mapped = "".join(f", {topic} -> {sink}" for topic, sink in
+                         sorted(config.topics.named.items()))
+        suffix = f", any other topic -> <topic>{config.topics.suffix}" \
+            if config.topics.suffix else ", no other topic"
+        return (f"kafka, exactly once: default outputs to {config.output_topic}{mapped}"
+                f"{suffix}; progress in {config.progress_topic}, transactional ids "
                 f"{config.id_prefix}.backfill.{config.job_id}.<slice>")
     return f"{config.sink} (default topic column: {config.output_topic})"
 
@@ -79,9 +84,21 @@ def _done(plan: Plan, state: JobState | None) -> list[int]:
             if (p := state.slices.get(s.index)) is not None and p.done]
 
 
-def print_plan(config: JobConfig, plan: Plan, state: JobState | None) -> None:
+def print_plan(config: JobConfig, plan: Plan, state: JobState | None,
+               seen: Mapping[str, str] | None = None) -> None:
     for line in plan_lines(config, plan, state):
         _out(line)
+    if seen is not None:
+        for line in topic_lines(config, seen):
+            _out(line)
+
+
+def topic_lines(config: JobConfig, seen: Mapping[str, str]) -> list[str]:
+    """The topics the transform wrote in the sample, and where each one goes."""
+    lines = [f"  topics written by a sample of each slice ({len(seen)}):"]
+    lines += [f"    {topic:<28} {config.topics.how(topic):<40} first from {where}"
+              for topic, where in sorted(seen.items())]
+    return lines
 
 
 def totals(state: JobState) -> tuple[int, int, int]:

@@ -14,7 +14,7 @@ import functools
 import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -25,6 +25,7 @@ from service.backfill import kafka_clients, rows, slice_reader
 from service.backfill.plan import Slice, transactional_id
 from service.backfill.progress import SliceProgress
 from service.backfill.slice_writer import Process, Read, SliceOutcome, SliceTask, SliceWriter
+from service.backfill.topic_map import TopicMap, UnmappedTopicError
 from service.checks import producer_max_bytes
 from service.kafka_config import admin_config, producer_config
 from service.processing import process
@@ -48,6 +49,7 @@ class Processing:
     dlq_topic: str | None
     max_bytes: int
     settings: Settings | None = None
+    topics: TopicMap = field(default_factory=lambda: TopicMap(strict=False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +111,24 @@ def processor(spec: Processing) -> Process:
     """The stream's ``process`` for a task (on a Spark worker, whose interpreter is
     tuned as the stage's is, once)."""
     interpreter.tune_gc()
-    return functools.partial(process, _transform(spec.transform),
-                             default_topic=spec.default_topic, dlq_topic=spec.dlq_topic,
-                             max_bytes=_max_bytes(spec))
+    return spec.topics.applied(functools.partial(
+        process, _transform(spec.transform), default_topic=spec.default_topic,
+        dlq_topic=spec.dlq_topic, max_bytes=_mapped_limits(spec)))
+
+
+def _mapped_limits(spec: Processing) -> Callable[[str], int]:
+    """Each output's limit is its sink topic's (the one it is written to)."""
+    limits = _max_bytes(spec)
+    if not spec.topics.named and not spec.topics.suffix:
+        return limits
+    topics = spec.topics
+
+    def limit(topic: str) -> int:
+        try:
+            return limits(topics(topic))
+        except UnmappedTopicError:
+            return spec.max_bytes  # refused once the outputs are mapped
+    return limit
 
 
 def max_bytes(settings: Settings | None) -> int:

@@ -186,3 +186,34 @@ def test_the_stuck_lso_metric_moves_when_a_foreign_transaction_hangs_on_an_outpu
                        for name, _ in samples(replica)), "no state from librdkafka statistics"
     finally:
         replica.kill()
+
+
+def test_a_fan_out_pipeline_audits_clean_with_the_stages_settings_alone(
+        kafka: KafkaService, unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    # service.examples.fanout writes a summary to a second topic. The audit read only
+    # TXSTAGE_OUTPUT_TOPIC and the DLQ: every summary was "missing", VIOLATED, unless
+    # the operator remembered --extra-output-topic (the k8s CronJob does not pass it).
+    setup = build_stage(kafka.bootstrap, unique_name, tmp_path)
+    summaries = create_topic(setup.bootstrap, unique_name("summary"), partitions=2)
+    setup.env |= {"TXSTAGE_TRANSFORM": "service.examples.fanout:split_lines",
+                  "TXSTAGE_EXAMPLE_SUMMARY_TOPIC": summaries}
+    produce_inputs(setup.bootstrap, setup.input_topic, range(400), PARTITIONS,
+                   value=lambda i: f"{i}\n{i * 2}".encode())
+    replica = setup.replica("r1")
+    try:
+        setup.wait_committed()
+        assert replica.terminate() == 0
+        code, report, err = audit(setup, "--stuck-after", "1")
+        assert (code, violations(report)) == (0, {}), (err, report)
+        assert report["learned_topics"] == [summaries]
+        assert report["expected_outputs"] == 1200
+        # A duplicate planted in the second topic is still found.
+        original = read_committed(setup.bootstrap, summaries)[0]
+        producer = Producer({"bootstrap.servers": setup.bootstrap})
+        producer.produce(summaries, original.value, original.key, headers=original.headers)
+        assert producer.flush(10) == 0
+        code, report, _ = audit(setup, "--stuck-after", "1")
+        # (Appended at the end, it is out of order as well.)
+        assert code == 1 and violations(report).get("duplicate") == 1, report
+    finally:
+        replica.kill()

@@ -125,7 +125,8 @@ def test_a_record_whose_output_the_broker_refuses_is_dead_lettered_as_the_stream
     code, printed, err = backfill(
         "--source", f"kafka://{stage.input_topic}", "--sink", f"kafka://{out}",
         "--dlq-topic", dlq, "--transaction-records", "100",
-        "--transform", f"tests.integration.backfill_faults:{backfill_transform}")
+        "--transform", f"tests.integration.backfill_faults:{backfill_transform}",
+        "--topic-map", f"{REFUSING_TOPIC}={REFUSING_TOPIC}")  # refused anyway: named
     assert code == 0, err
     report = compare_with_stream(stage, out, dlq)
     assert report.ok, report.problems()
@@ -376,3 +377,39 @@ def test_a_missing_output_topic_exits_2(new_topic: NewTopic, backfill: Backfill)
     topic = new_topic(partitions=1)
     code, _, err = backfill("--source", f"kafka://{topic}", "--sink", "kafka://absent-out-91")
     assert code == 2 and "output topic 'absent-out-91' does not exist" in err
+
+
+def test_a_fan_out_backfill_never_writes_into_a_live_topic(
+        stage: StageSetup, new_topic: NewTopic, backfill: Backfill) -> None:
+    # The transform writes its square to the default topic and a copy to <input>-side.
+    # `--sink kafka://<out>-v2` wrote every copy into the live side topic: duplicates of
+    # what the stage had written there, which the audit then reported. Now an unmapped
+    # topic is refused before anything is written (exit 2), and a mapped one goes where
+    # it is mapped; the live topics' ends never move.
+    transform = "tests.integration.transforms:square_and_copy_to_side"
+    side = create_topic(stage.bootstrap, f"{stage.input_topic}-side", partitions=2)
+    produce_inputs(stage.bootstrap, stage.input_topic, range(400), PARTITIONS)
+    run_stream(stage, transform)
+    live = ends(stage.bootstrap, stage.output_topic, stage.dlq_topic, side)
+    out, dlq = new_topic(partitions=2, prefix="bf-out"), new_topic(partitions=1, prefix="bf-dlq")
+    side_v2 = new_topic(partitions=2, prefix="bf-side")
+    argv = ("--source", f"kafka://{stage.input_topic}", "--sink", f"kafka://{out}",
+            "--dlq-topic", dlq, "--transform", transform)
+
+    code, printed, err = backfill(*argv)
+    assert code == 2, (printed, err)
+    assert f"the transform writes to topic {side!r}" in err and "--topic-map" in err, err
+    assert ends(stage.bootstrap, out, dlq) == {out: {0: 0, 1: 0}, dlq: {0: 0}}
+
+    code, printed, err = backfill(*argv, "--dry-run")
+    assert code == 0 and "NOT MAPPED" in printed, printed
+
+    code, printed, err = backfill(*argv, "--topic-map", f"{side}={side_v2}")
+    assert code == 0, err
+    assert ends(stage.bootstrap, stage.output_topic, stage.dlq_topic, side) == live
+    assert sum(ends(stage.bootstrap, side_v2)[side_v2].values()) >= 400
+    stream = parity.from_topics(stage.bootstrap, [stage.output_topic, stage.dlq_topic, side])
+    report = parity.compare(stream, parity.from_topics(stage.bootstrap, [out, dlq, side_v2]),
+                            rename={stage.output_topic: out, stage.dlq_topic: dlq,
+                                    side: side_v2})
+    assert report.ok and report.expected == report.actual == 800, report.problems()

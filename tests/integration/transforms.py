@@ -250,7 +250,9 @@ def square_broken_on_sevens(record: Record) -> Iterator[Output]:
 
 
 def square_and_copy_to_side(record: Record) -> Iterator[Output]:
-    """Square, and the input's value again to ``TEST_SIDE_TOPIC``: a fan-out whose
-    second topic may be deleted while the stage runs."""
+    """Square, and the input's value again to ``TEST_SIDE_TOPIC`` (default
+    ``<input topic>-side``, which a Spark worker knows without the environment): a
+    fan-out to a second topic."""
     yield from square(record)
-    yield Output(value=record.value, key=record.key, topic=os.environ["TEST_SIDE_TOPIC"])
+    side = os.environ.get("TEST_SIDE_TOPIC") or f"{record.topic}-side"
+    yield Output(value=record.value, key=record.key, topic=side)

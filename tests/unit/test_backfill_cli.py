@@ -41,12 +41,17 @@ def errors(capsys: pytest.CaptureFixture[str]) -> list[str]:
         (["--source", "kafka://in", "--sink", "kafka", "--slice-records", "0"],
          "must be positive"),
         (["--source", "kafka://in", "--sink", "kafka", "--colour"], "unrecognized arguments"),
-        (["--source", "kafka://in", "--sink", "kafka", "--job-id", "a b"], "--job-id 'a b'"),
-        (["--source", "kafka://in", "--sink", "kafka", "--transaction-ms", "9000"],
+        (["--source", "kafka://in", "--sink", "kafka://v2", "--job-id", "a b"],
+         "--job-id 'a b'"),
+        (["--source", "kafka://in", "--sink", "kafka://v2", "--transaction-ms", "9000"],
          "at most a tenth of TXSTAGE_TRANSACTION_TIMEOUT_MS=60000"),
         (["--source", "kafka://in", "--sink", "kafka://a", "--output-topic", "b"], "disagree"),
-        (["--source", "kafka://out", "--sink", "kafka"],
+        (["--source", "kafka://out", "--sink", "kafka", "--topic-map", "out=out"],
          "TXSTAGE_OUTPUT_TOPIC must not be one of the input topics"),
+        (["--source", "kafka://in", "--sink", "kafka"],
+         "the default output topic 'out' comes from TXSTAGE_OUTPUT_TOPIC"),
+        (["--source", "kafka://in", "--sink", "kafka://v2", "--topic-map", "side"],
+         "--topic-map 'side': expected <topic>=<sink topic>"),
         (["--source", "jsonl:///in", "--sink", "kafka", "--conf", "novalue"],
          "expected KEY=VALUE"),
     ],
@@ -85,7 +90,7 @@ def test_an_unloadable_transform_exits_2_before_spark(capsys: pytest.CaptureFixt
 def test_a_passthrough_that_voids_the_guarantee_exits_2(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("TXSTAGE_KAFKA__ISOLATION_LEVEL", "read_uncommitted")
-    assert main(["--source", "kafka://in", "--sink", "kafka"]) == 2
+    assert main(["--source", "kafka://in", "--sink", "kafka://v2"]) == 2
     assert "isolation.level cannot be set" in errors(capsys)[0]
 
 
@@ -108,3 +113,21 @@ def test_a_spark_task_failure_is_reported_by_its_python_error() -> None:
     assert describe_failure(spark_error) == \
         "PoisonRecordError: poison record in/0@7: ValueError: bad"
     assert describe_failure(ValueError("plain")) == "ValueError: plain"
+
+
+def test_an_unmapped_topic_met_inside_a_spark_task_exits_2_naming_it(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # The driver's sample missed it (a topic written by a rare record): the task raised
+    # before its transaction committed, and Spark reports the Python traceback.
+    from service.backfill import job
+
+    def failed(_config: object) -> int:
+        raise RuntimeError("Job aborted due to stage failure: ... Traceback (most recent "
+                           "call last):\n  File ...\nservice.backfill.topic_map."
+                           "UnmappedTopicError: the transform writes to topic 'rare', which "
+                           "this backfill does not map: add --topic-map rare=<sink topic>\n")
+    monkeypatch.setattr(job, "run", failed)
+    assert main(["--source", "kafka://in", "--sink", "kafka://v2"]) == 2
+    [line] = errors(capsys)
+    assert line == ("txstage backfill: error: the transform writes to topic 'rare', which "
+                    "this backfill does not map: add --topic-map rare=<sink topic>")
