@@ -54,8 +54,8 @@ def parser() -> argparse.ArgumentParser:
     window.add_argument("--last", type=_duration, metavar="DURATION",
                         help="window start this long ago, e.g. 90s, 30m, 1h, 2d")
     p.add_argument("--extra-output-topic", action="append", default=[], metavar="TOPIC",
-                   help="a topic the transform names explicitly (besides TXSTAGE_OUTPUT_TOPIC "
-                        "and TXSTAGE_DLQ_TOPIC); repeat for several")
+                   help="an output topic written by other means; the topics the transform "
+                        "writes are learned by running it (repeatable)")
     p.add_argument("--stuck-after", type=_positive, default=15.0, metavar="SECONDS",
                    help="a last stable offset below the high watermark this long is a "
                         "hanging transaction (default 15)")
