@@ -76,6 +76,7 @@ _HOUSEKEEPING_EVERY_S = 1.0
 _CHECKPOINT_EVERY_S = 0.5
 _NO_LIMIT = 1 << 62
 _STARTUP_PHASES = (sm.Phase.INITIALISING, sm.Phase.POSITIONING)
+_ACTIVE = sm.Phase.ACTIVE
 # Calls stuck in librdkafka past every deadline (CallStuck) each keep a job thread:
 # past this many the replica fails, so that its orchestrator starts a fresh process.
 _MAX_STUCK_CALLS = 4
@@ -277,8 +278,12 @@ class Loop:
         interval = self.policy.commit_interval_s
         due = now + min(interval, _CHECKPOINT_EVERY_S)
         for partition in self.partitions.values():
-            txn = partition.state.txn
-            if txn is not None and txn.opened_at + interval < due:
+            state = partition.state
+            txn = state.txn
+            # ACTIVE only: a committing partition's transaction is past its due time
+            # and takes no record (a checkpoint at every record while it commits cost
+            # the loop 2.5 times its CPU per record).
+            if txn is not None and state.phase is _ACTIVE and txn.opened_at + interval < due:
                 due = txn.opened_at + interval
         return due
 

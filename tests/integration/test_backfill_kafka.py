@@ -379,6 +379,7 @@ def test_a_missing_output_topic_exits_2(new_topic: NewTopic, backfill: Backfill)
     assert code == 2 and "output topic 'absent-out-91' does not exist" in err
 
 
+@pytest.mark.parametrize("stage", ["classic"], indirect=True)  # (the stage is a means)
 def test_a_fan_out_backfill_never_writes_into_a_live_topic(
         stage: StageSetup, new_topic: NewTopic, backfill: Backfill) -> None:
     # The transform writes its square to the default topic and a copy to <input>-side.
