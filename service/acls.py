@@ -94,13 +94,16 @@ def redrive_grants(*, dlq_topic: str, output_topics: Sequence[str],
     """``txstage redrive``: READ on the dead-letter topic, WRITE on the output topics and
     on the DLQ (letters that fail again), WRITE on its transactional id
     ``<prefix>.redrive.<dlq>`` (under the stage's PREFIXED grant ``<prefix>.``), and READ,
-    WRITE and CREATE on its progress topic ``<prefix>.redrive.progress``. (Its readers
-    name a group ``<prefix>.redrive`` they never join: no ACL, as for the audit.)"""
+    WRITE and CREATE on its progress topic ``<prefix>.redrive.progress`` and on the
+    parking topic ``<dlq>.parked`` (letters that failed ``--max-attempts`` times; READ to
+    redrive them once fixed). (Its readers name a group ``<prefix>.redrive`` they never
+    join: no ACL, as for the audit.)"""
     progress = f"{transactional_id_prefix}.redrive.progress"
     grants = [Grant("READ", "topic", dlq_topic)]
     grants += [Grant("WRITE", "topic", topic) for topic in dict.fromkeys([*output_topics,
                                                                           dlq_topic])]
     grants.append(Grant("WRITE", "transactional-id", f"{transactional_id_prefix}.",
                         prefixed=True))
-    grants += [Grant(op, "topic", progress) for op in ("READ", "WRITE", "CREATE")]
+    grants += [Grant(op, "topic", topic) for topic in (progress, f"{dlq_topic}.parked")
+               for op in ("READ", "WRITE", "CREATE")]
     return grants

@@ -4,7 +4,8 @@ and the headers redrive adds.
 A dead letter (service/deadletter.py, processing._dead_letter) is the original record's
 key, value and headers followed by the five ``txstage.error.*`` headers naming the error
 and the original coordinates and the two lineage headers of that original, in that
-order (a letter redrive writes again has ``txstage.redrive.attempt`` after them).
+order (a letter redrive writes again has ``txstage.redrive.attempt`` after them, and
+one it parks ``txstage.redrive.parked`` after that).
 Redrive rebuilds the original ``Record`` from them: its headers are those before that
 suffix, whatever their names (an input written by another txstage stage carries its
 own ``txstage.src`` and ``txstage.idx``; they are the record's, kept), and its
@@ -14,7 +15,10 @@ timestamp becomes the letter's (the original's is not kept). It marks
   (``<dlq topic>/<partition>/<offset>``), so ``txstage audit`` accepts a dead letter
   *and* the outputs that replaced it;
 - a letter it writes again (the transform still fails) with ``txstage.redrive.attempt``
-  = the previous attempt + 1.
+  = the previous attempt + 1;
+- a letter whose attempt reaches ``--max-attempts`` (written to the parking topic
+  instead of the DLQ) also with ``txstage.redrive.parked`` = ``1``. It stays a letter
+  ``parse`` reads, so the parking topic can itself be redriven once the cause is fixed.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from service.records import Record
 
 REDRIVEN = lineage.REDRIVEN
 ATTEMPT = lineage.REDRIVE_ATTEMPT
+PARKED = "txstage.redrive.parked"
 # What the stage appends to the original record's headers, in this order.
 _APPENDED = (ERROR_CLASS, ERROR_MESSAGE, ERROR_TOPIC, ERROR_PARTITION, ERROR_OFFSET,
              lineage.SRC, lineage.IDX)
@@ -56,6 +61,7 @@ class Letter:
     # What the letter left out of the original to fit its topic (deadletter.DROPPED):
     # such a letter cannot be redriven, the original is not all there.
     dropped: frozenset[str] = frozenset()
+    parked: bool = False  # written to the parking topic, having reached --max-attempts
 
     @property
     def coordinates(self) -> str:
@@ -67,9 +73,12 @@ def parse(topic: str, partition: int, offset: int, timestamp: int, key: bytes | 
     """The letter, or None when the record is not a txstage dead letter (its headers do
     not end with what the stage appends)."""
     end = len(headers)
+    parked = bool(end) and headers[-1][0] == PARKED
+    if parked:
+        end -= 1
     attempt: bytes | None = b"0"
-    if end and headers[-1][0] == ATTEMPT:
-        end, attempt = end - 1, headers[-1][1]
+    if end and headers[end - 1][0] == ATTEMPT:
+        end, attempt = end - 1, headers[end - 1][1]
     for appended in (_APPENDED, _APPENDED_CUT):
         start = end - len(appended)
         if start >= 0 and tuple(name for name, _ in headers[start:end]) == appended:
@@ -85,7 +94,7 @@ def parse(topic: str, partition: int, offset: int, timestamp: int, key: bytes | 
                           # A null value as the stage read it (messages.to_record).
                           headers=tuple((n, d or b"") for n, d in headers[:start]))
         return Letter(topic, partition, offset, original, _text(found[ERROR_CLASS]),
-                      int(_data(attempt)), dropped_parts(headers[start:end]))
+                      int(_data(attempt)), dropped_parts(headers[start:end]), parked)
     except ValueError:
         return None
 

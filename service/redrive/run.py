@@ -14,6 +14,11 @@
 
 An output the broker refuses aborts the batch; it is retried with that letter dead-
 lettered again (as the stage does), up to three times.
+
+A letter that fails again goes back to the DLQ with its attempt + 1, unless that reaches
+``max_attempts``: then it goes to the parking topic (``<dlq topic>.parked``), in the same
+transaction as its progress mark. The DLQ is read to its end on every run, so letters
+that can never succeed would otherwise come back, one more each, on every scheduled run.
 """
 
 from __future__ import annotations
@@ -29,14 +34,16 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from service import reading
+from service.admin import UnknownTopicError
 from service.errors import AbortableError
 from service.processing import OutputRefusedError, Produced, Result, process, refused
 from service.producer import PinnedProducer
 from service.reading import EARLIEST, LATEST
 from service.records import Transform
-from service.redrive.letters import ATTEMPT, REDRIVEN, Filter, Letter, parse
+from service.redrive.letters import ATTEMPT, PARKED, REDRIVEN, Filter, Letter, parse
 
-_ATTEMPTS = 3
+_ATTEMPTS = 3  # commits of one batch, each after a refusal
+MAX_ATTEMPTS = 3  # --max-attempts: the attempt at which a letter that fails is parked
 
 
 @dataclass
@@ -49,6 +56,8 @@ class RedriveReport:
     redriven: int = 0  # the transform succeeded: outputs written
     outputs: int = 0
     failed_again: int = 0  # dead-lettered again, attempt + 1
+    parked: int = 0  # failed again at attempt max_attempts: to the parking topic instead
+    max_attempts: int = MAX_ATTEMPTS
     transactions: int = 0
     seconds: float = 0.0
     dry_run: bool = False
@@ -56,7 +65,8 @@ class RedriveReport:
 
     @property
     def rate(self) -> float:
-        return (self.redriven + self.failed_again) / self.seconds if self.seconds else 0.0
+        handled = self.redriven + self.failed_again + self.parked
+        return handled / self.seconds if self.seconds else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         fields = dict(vars(self))
@@ -69,9 +79,10 @@ class RedriveReport:
         lines = [f"{self.letters} dead letters read; {self.done_before} redriven before, "
                  f"{self.filtered_out} filtered out"
                  + (f", {self.incomplete} cut to fit (not redriven)" if self.incomplete else ""),
-                 f"{verb} {self.redriven} ({self.outputs} outputs) and "
+                 f"{verb} {self.redriven} ({self.outputs} outputs), "
                  f"{'would dead-letter' if self.dry_run else 'dead-lettered'} "
-                 f"{self.failed_again} again, in {self.seconds:.1f} s "
+                 f"{self.failed_again} again and {'would park' if self.dry_run else 'parked'} "
+                 f"{self.parked} (failed {self.max_attempts} times), in {self.seconds:.1f} s "
                  f"({self.rate:,.0f} letters/s, {self.transactions} transactions)"]
         lines += [f"  e.g. {example}" for example in self.examples]
         return "\n".join(lines)
@@ -79,6 +90,10 @@ class RedriveReport:
 
 def progress_topic(prefix: str) -> str:
     return f"{prefix}.redrive.progress"
+
+
+def parking_topic_of(dlq_topic: str) -> str:
+    return f"{dlq_topic}.parked"
 
 
 def transactional_id(prefix: str, dlq_topic: str) -> str:
@@ -90,24 +105,32 @@ def redrive(*, producer_config: Mapping[str, Any], admin_config: Mapping[str, An
             dlq_topic: str, transform: Transform, default_topic: str, prefix: str,
             letter_filter: Filter, max_bytes: Callable[[str], int], dry_run: bool = False,
             batch: int = 500, timeout_s: float = 300.0, max_examples: int = 10,
-            deadline_s: float = 90.0) -> RedriveReport:
+            deadline_s: float = 90.0, max_attempts: int = MAX_ATTEMPTS,
+            parking_topic: str | None = None) -> RedriveReport:
     """Redrive the letters of ``dlq_topic`` that ``letter_filter`` takes and no run has
     redriven. ``producer_config``: a transactional producer's (kafka_config.producer_config
-    with ``transactional_id(prefix, dlq_topic)``; that id is set here either way)."""
+    with ``transactional_id(prefix, dlq_topic)``; that id is set here either way).
+    ``parking_topic``: None for ``parking_topic_of(dlq_topic)``."""
     began = time.monotonic()
-    report = RedriveReport(dry_run=dry_run)
+    report = RedriveReport(dry_run=dry_run, max_attempts=max_attempts)
     producer = None
     marks = progress_topic(prefix)
+    parking = parking_topic or parking_topic_of(dlq_topic)
+    dlq = reading.partitions(admin_config, [dlq_topic])
     if not dry_run:
-        _ensure_progress_topic(admin_config, marks)
+        _ensure_topic(admin_config, marks, partitions=1, config={"cleanup.policy": "compact"})
+        # Not compacted: letters of different originals share keys. As large a letter as
+        # the DLQ takes, so none is cut further on its way to being parked. (A parking
+        # topic that exists already is used as it is; the letters are fitted to it.)
+        _ensure_topic(admin_config, parking, partitions=len(dlq),
+                      config={"max.message.bytes": str(max_bytes(dlq_topic))})
         config = {**producer_config, "transactional.id": transactional_id(prefix, dlq_topic)}
         producer = PinnedProducer(config, dlq_topic, 0, deadline_s=deadline_s)
         producer.init()  # from here, no other redrive of this DLQ commits anything
     try:
         done = _done(admin_config, marks, prefix, timeout_s)
         writer = _Writer(producer, marks, transform, default_topic, dlq_topic, max_bytes,
-                         report, max_examples)
-        dlq = reading.partitions(admin_config, [dlq_topic])
+                         report, max_examples, max_attempts=max_attempts, parking_topic=parking)
         starts = reading.list_offsets(admin_config, dlq, EARLIEST)
         ends = reading.list_offsets(admin_config, dlq, LATEST)
 
@@ -148,15 +171,37 @@ def redrive(*, producer_config: Mapping[str, Any], admin_config: Mapping[str, An
 class _Writer:
     def __init__(self, producer: PinnedProducer | None, marks: str, transform: Transform,
                  default_topic: str, dlq_topic: str, max_bytes: Callable[[str], int],
-                 report: RedriveReport, max_examples: int) -> None:
+                 report: RedriveReport, max_examples: int, *,
+                 max_attempts: int = MAX_ATTEMPTS, parking_topic: str | None = None) -> None:
         self.producer, self.marks, self.transform = producer, marks, transform
         self.default_topic, self.dlq_topic, self.max_bytes = default_topic, dlq_topic, max_bytes
         self.report, self.max_examples = report, max_examples
+        self.max_attempts = max_attempts
+        self.parking_topic = parking_topic or parking_topic_of(dlq_topic)
         self.pending: list[tuple[Letter, Result]] = []
 
+    def parks(self, letter: Letter) -> bool:
+        """Whether ``letter`` goes to the parking topic if it fails again."""
+        return letter.attempt + 1 >= self.max_attempts
+
+    def _letters_to(self, letter: Letter) -> str:
+        return self.parking_topic if self.parks(letter) else self.dlq_topic
+
+    def _max_bytes(self, topic: str) -> int:
+        """``max_bytes``, but a dry run, which creates nothing, fits a letter to be parked
+        in a parking topic not created yet as the real run would: to the DLQ's limit."""
+        if topic == self.parking_topic and self.producer is None:
+            try:
+                return self.max_bytes(topic)
+            except UnknownTopicError:
+                return self.max_bytes(self.dlq_topic)
+        return self.max_bytes(topic)
+
     def add(self, letter: Letter) -> None:
+        # A letter that fails now is built for the topic it will go to (fitted to that
+        # topic's limit), as the stage builds one for its DLQ.
         result = process(self.transform, letter.original, default_topic=self.default_topic,
-                         dlq_topic=self.dlq_topic, max_bytes=self.max_bytes)
+                         dlq_topic=self._letters_to(letter), max_bytes=self._max_bytes)
         self.pending.append((letter, result))
 
     def flush(self) -> None:
@@ -166,8 +211,12 @@ class _Writer:
             self._commit(self.producer)
         for letter, result in self.pending:
             if result.dead_lettered:
-                self.report.failed_again += 1
                 outcome = f"fails again: {type(result.error).__qualname__}: {result.error}"
+                if self.parks(letter):
+                    self.report.parked += 1
+                    outcome += f"; parked in {self.parking_topic} (attempt {letter.attempt + 1})"
+                else:
+                    self.report.failed_again += 1
             else:
                 self.report.redriven += 1
                 self.report.outputs += len(result.outputs)
@@ -187,9 +236,11 @@ class _Writer:
         for attempt in range(_ATTEMPTS):
             producer.begin()
             for index, (letter, result) in enumerate(self.pending):
-                producer.produce_all(_marked(letter, result), index)
+                parked = result.dead_lettered and self.parks(letter)
+                producer.produce_all(_marked(letter, result, parked=parked), index)
                 mark = {"outputs": 0 if result.dead_lettered else len(result.outputs),
-                        "dead_lettered": result.dead_lettered, "at": int(time.time() * 1000)}
+                        "dead_lettered": result.dead_lettered, "parked": parked,
+                        "at": int(time.time() * 1000)}
                 producer.produce(Produced(self.marks, letter.coordinates.encode(),
                                           json.dumps(mark).encode(), []), index, partition=0)
             try:
@@ -205,30 +256,40 @@ class _Writer:
                 self.pending = [
                     (letter, refused(letter.original, OutputRefusedError(
                         "the broker refused an output of the redriven record"),
-                        self.dlq_topic, self.max_bytes) if index in refusals else result)
+                        self._letters_to(letter), self._max_bytes)
+                     if index in refusals else result)
                     for index, (letter, result) in enumerate(self.pending)]
 
 
-def _marked(letter: Letter, result: Result) -> list[Produced]:
+def _marked(letter: Letter, result: Result, *, parked: bool = False) -> list[Produced]:
     if result.dead_lettered:
-        return [Produced(out.topic, out.key, out.value,
-                         [*out.headers, (ATTEMPT, str(letter.attempt + 1).encode())])
+        marks = [(ATTEMPT, str(letter.attempt + 1).encode())]
+        if parked:
+            marks.append((PARKED, b"1"))
+        return [Produced(out.topic, out.key, out.value, [*out.headers, *marks])
                 for out in result.outputs]
     return [Produced(out.topic, out.key, out.value,
                      [*out.headers, (REDRIVEN, letter.coordinates.encode())])
             for out in result.outputs]
 
 
-def _ensure_progress_topic(admin_config: Mapping[str, Any], topic: str) -> None:
-    """The compacted, single-partition progress topic (created on first use)."""
+def _ensure_topic(admin_config: Mapping[str, Any], topic: str, *, partitions: int,
+                  config: Mapping[str, str]) -> None:
+    """Create ``topic`` on first use (``config`` applies only then: one that exists is
+    left as it is) and wait until it can be written to."""
     admin = AdminClient(dict(admin_config))  # kept until the result is in: it dies with it
     futures = admin.create_topics(
-        [NewTopic(topic, num_partitions=1, config={"cleanup.policy": "compact"})],
+        [NewTopic(topic, num_partitions=partitions, config=dict(config))],
         request_timeout=30)
     try:
         futures[topic].result(60)
     except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+        code = exc.args[0].code()
+        if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            # A grant to add, not a cluster to wait for: exit 2 naming it (tool_cli),
+            # not 4, whose "a rerun resumes" would not help.
+            raise PermissionError(f"missing permission: CREATE on topic `{topic}`") from exc
+        if code != KafkaError.TOPIC_ALREADY_EXISTS:
             raise
     deadline = time.monotonic() + 30  # a new topic has no leader for a moment
     while time.monotonic() < deadline:

@@ -139,3 +139,43 @@ def test_letters_whose_outputs_go_to_a_missing_topic_go_back_instead_of_failing_
     assert sorted({r.header("txstage.error.class") for r in again}) == [
         b"UnknownTopicError", b"ValueError"]
     assert sum(1 for r in again if r.header("txstage.error.class") == b"UnknownTopicError") == 85
+
+
+def test_a_letter_that_can_never_succeed_is_parked_and_stops_growing_the_dlq(
+        lettered: StageSetup) -> None:
+    """Issue 29: every run wrote an unfixable letter back to the DLQ with its attempt + 1,
+    so a scheduled redrive grew the DLQ without bound. At --max-attempts it is parked
+    instead (``<dlq>.parked``), marked done, and the next run has nothing to write."""
+    setup = lettered  # the bug is not fixed: all 100 letters fail again, every time
+    parking = f"{setup.dlq_topic}.parked"
+
+    def dlq_size() -> int:
+        return sum(end_offsets(setup.bootstrap, setup.dlq_topic,
+                               isolation="read_uncommitted").values())
+
+    code, first, err = tool(setup, "redrive", "--max-attempts", "2", env=BUGGY)
+    assert code == 0, err
+    assert (first["failed_again"], first["parked"]) == (100, 0), first
+    grown = dlq_size()
+
+    code, dry, err = tool(setup, "redrive", "--max-attempts", "2", "--dry-run", env=BUGGY)
+    assert code == 0, err
+    assert (dry["failed_again"], dry["parked"]) == (0, 100), dry
+
+    code, second, err = tool(setup, "redrive", "--max-attempts", "2", env=BUGGY)
+    assert code == 0, err
+    assert (second["letters"], second["done_before"], second["failed_again"],
+            second["parked"]) == (200, 100, 0, 100), second
+    assert dlq_size() == grown, "the second redrive grew the DLQ"
+    parked = read_committed(setup.bootstrap, parking)
+    assert len(parked) == 100
+    assert {(r.header("txstage.redrive.attempt"), r.header("txstage.redrive.parked"))
+            for r in parked} == {(b"2", b"1")}
+
+    code, third, err = tool(setup, "redrive", "--max-attempts", "2", env=BUGGY)
+    assert code == 0, err
+    assert (third["done_before"], third["failed_again"], third["parked"]) == (200, 0, 0)
+    assert dlq_size() == grown, "the third redrive grew the DLQ"
+    assert len(read_committed(setup.bootstrap, parking)) == 100
+    code, audit, err = tool(setup, "audit", "--stuck-after", "1", env=BUGGY)
+    assert code == 0 and violations(audit) == {}, (err, audit)
