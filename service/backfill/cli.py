@@ -7,6 +7,7 @@ differences), 2 bad arguments or configuration, one line per problem on stderr.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import sys
@@ -157,18 +158,28 @@ def _run(args: list[str]) -> int:
 
 def verify_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=f"{PROG} verify", description="Compare two sets of outputs by lineage "
-                "(txstage.src, txstage.idx): key, value, topic and headers must match.")
+                "(txstage.src, txstage.idx): key, value, topic and headers must match. A dead "
+                "letter that txstage redrive replaced (by its outputs, or by a later attempt) "
+                "counts as what replaced it; redrive's marks are not compared.")
     p.add_argument("--expected", required=True,
                    help="kafka://<topic>[,<topic>...] or parquet:<path> (e.g. the stream's)")
     p.add_argument("--actual", required=True, help="the same forms (e.g. the backfill's)")
-    p.add_argument("--rename", action="append", default=[], metavar="EXPECTED=ACTUAL",
-                   help="an expected topic name that is another name on the actual side")
+    p.add_argument("--rename", "--topic-map", dest="rename", action="append", default=[],
+                   metavar="EXPECTED=ACTUAL",
+                   help="an expected topic name that is another name on the actual side, as "
+                   "the backfill's --topic-map (repeatable; two may name one, e.g. the DLQ "
+                   "and its parking topic)")
+    p.add_argument("--topic-suffix", metavar="SUFFIX", help="every expected kafka:// topic "
+                   "not renamed is <topic><SUFFIX> on the actual side, as the backfill's")
     p.add_argument("--job-id", help="compare only outputs of that backfill job's input range")
     p.add_argument("--within", metavar="KAFKA_SOURCE", help="compare only outputs of inputs in "
                    "this range, e.g. kafka://orders?from=offsets:0=0&to=offsets:0=500")
     p.add_argument("--progress-topic", help="where the job's plan is "
                    "(default <prefix>.backfill.progress)")
     p.add_argument("--bootstrap-servers", help="default TXSTAGE_BOOTSTRAP_SERVERS")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (verdict, counts, examples) instead of "
+                   "the report for a person")
     return p
 
 
@@ -180,13 +191,16 @@ def _verify(args: list[str]) -> int:
         raise ConfigError("give --job-id or --within, not both")
     within = _job_range(ns, env, bootstrap) if ns.job_id else \
         _input_range(ns.within, env, bootstrap) if ns.within else None
+    rename = _pairs(ns.rename, "--rename")
+    if ns.topic_suffix:
+        if not ns.expected.startswith("kafka://"):
+            raise ConfigError("--topic-suffix needs --expected kafka://<topics>; "
+                              "name each with --topic-map")
+        for topic in ns.expected.removeprefix("kafka://").split(","):
+            rename.setdefault(topic, topic + ns.topic_suffix)
     report = parity.compare(parity.read(ns.expected, bootstrap),
-                            parity.read(ns.actual, bootstrap),
-                            rename=_pairs(ns.rename, "--rename"), within=within)
-    print(f"parity: {report.expected} expected outputs, {report.actual} actual")
-    for problem in report.problems():
-        print(f"  {problem}")
-    print("  identical" if report.ok else "  DIFFERENT")
+                            parity.read(ns.actual, bootstrap), rename=rename, within=within)
+    print(json.dumps(report.as_dict()) if ns.json else "\n".join(report.lines()))
     return 0 if report.ok else 1
 
 

@@ -38,6 +38,7 @@ from tests.integration.conftest_spark import (  # noqa: F401  (fixtures)
     backfill_fixture,
     spark_fixture,
 )
+from tests.integration.operator_tools import tool
 from tests.integration.replicas import all_committed, produce_inputs, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.usefixtures("spark")]
@@ -414,3 +415,27 @@ def test_a_fan_out_backfill_never_writes_into_a_live_topic(
                             rename={stage.output_topic: out, stage.dlq_topic: dlq,
                                     side: side_v2})
     assert report.ok and report.expected == report.actual == 800, report.problems()
+
+
+@pytest.mark.parametrize("stage", ["classic"], indirect=True)
+def test_verify_after_an_ordinary_redrive_says_equal(
+        stage: StageSetup, new_topic: NewTopic, backfill: Backfill) -> None:
+    # The stream dead-lettered multiples of 7; the transform was fixed (multiples of 49
+    # still fail) and redriven: 85 letters replaced by outputs marked txstage.redriven,
+    # 15 written again (attempt 1). A backfill of the fixed transform is what the stream
+    # now holds, but verify said DIFFERENT (the redrive marks, the replaced letters).
+    fixed = "tests.integration.transforms:square_failing_on_49s"
+    produce_inputs(stage.bootstrap, stage.input_topic, range(700), PARTITIONS)
+    run_stream(stage, "tests.integration.transforms:square_broken_on_sevens")
+    code, done, err = tool(stage, "redrive", env={"TXSTAGE_TRANSFORM": fixed})
+    assert code == 0 and (done["redriven"], done["failed_again"]) == (85, 15), (err, done)
+    out, dlq = new_topic(partitions=4, prefix="bf-out"), new_topic(partitions=1, prefix="bf-dlq")
+    code, printed, err = backfill("--source", f"kafka://{stage.input_topic}",
+                                  "--sink", f"kafka://{out}", "--dlq-topic", dlq,
+                                  "--transform", fixed)
+    assert code == 0, err
+    code, printed, _ = backfill(
+        "verify", "--expected", f"kafka://{stage.output_topic},{stage.dlq_topic}",
+        "--actual", f"kafka://{out},{dlq}", "--topic-map", f"{stage.output_topic}={out}",
+        "--topic-map", f"{stage.dlq_topic}={dlq}", "--job-id", backfill.job_id(printed))
+    assert code == 0 and printed.startswith("EQUAL: 700 outputs match"), printed

@@ -256,3 +256,12 @@ def square_and_copy_to_side(record: Record) -> Iterator[Output]:
     yield from square(record)
     side = os.environ.get("TEST_SIDE_TOPIC") or f"{record.topic}-side"
     yield Output(value=record.value, key=record.key, topic=side)
+
+
+def square_failing_on_49s(record: Record) -> Iterator[Output]:
+    """square_broken_on_sevens once fixed (TEST_TRANSFORM_FIXED), without the variable:
+    a Spark worker started before a test set it would not see it."""
+    n = int(record.value or b"")
+    if n % 49 == 0:
+        raise ValueError(f"{n} is a multiple of 49")
+    yield from square(record)

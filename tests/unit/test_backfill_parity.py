@@ -1,9 +1,17 @@
-"""Comparing two sets of outputs by lineage."""
+"""Comparing two sets of outputs by lineage, and the lineage ``txstage redrive`` leaves."""
 
 from __future__ import annotations
 
-from service.backfill.parity import Output, compare, within_slices
+from collections.abc import Iterable
+
+from service.backfill.parity import Output, Reconciled, compare, within_slices
 from service.backfill.plan import Slice
+from service.lineage import REDRIVEN
+from service.processing import Produced, process
+from service.records import Output as Emit
+from service.records import Record, Transform
+from service.redrive.letters import parse
+from service.redrive.run import _marked
 
 
 def out(offset: int, idx: int = 0, *, topic: str = "out", value: bytes = b"v",
@@ -51,3 +59,161 @@ def test_within_restricts_to_a_plan() -> None:
     accept = within_slices([Slice(0, "in", 0, 2, 4)])
     report = compare([out(1), out(2), out(3)], [out(2), out(3)], within=accept)
     assert report.ok and report.expected == 2
+
+
+# -- redrive lineage: records built by the code that writes them --------------------------
+#
+# The stream ran ``broken``, which fails on in/0/1 (a letter at dlq/0/0); the transform
+# was fixed, then ``txstage redrive`` wrote in/0/1's outputs (or the letter again); a
+# backfill of the fixed transform wrote to out-v2 and dlq-v2.
+
+INPUTS = [Record("in", 0, offset, 1000, b"k", str(offset).encode()) for offset in range(4)]
+V2 = {"out": "out-v2", "dlq": "dlq-v2"}
+
+
+def fixed(record: Record) -> list[Emit]:
+    # Two outputs: a redrive writes more indexes than the letter it replaces had.
+    return [Emit(record.value, record.key), Emit(b"%s!" % record.value, record.key)]
+
+
+def broken(record: Record) -> list[Emit]:
+    if record.offset == 1:
+        raise ValueError("not yet")
+    return fixed(record)
+
+
+def unlimited(topic: str) -> int:
+    return 1 << 20
+
+
+def run(transform: Transform, record: Record, out: str = "out", dlq: str = "dlq"
+        ) -> list[Produced]:
+    return process(transform, record, default_topic=out, dlq_topic=dlq,
+                   max_bytes=unlimited).outputs
+
+
+def read_back(written: Iterable[Produced]) -> list[Output]:
+    return [Output(p.topic, p.key, p.value, tuple(p.headers)) for p in written]
+
+
+def stream() -> tuple[list[Produced], Produced]:
+    """What the stream wrote with ``broken``, and its letter."""
+    written = [p for record in INPUTS for p in run(broken, record)]
+    [letter] = [p for p in written if p.topic == "dlq"]
+    return written, letter
+
+
+def redrive(letter: Produced, offset: int, transform: Transform) -> list[Produced]:
+    """What txstage redrive writes for the letter at dlq/0/``offset``."""
+    parsed = parse("dlq", 0, offset, 2000, letter.key, letter.value, letter.headers)
+    assert parsed is not None
+    return _marked(parsed, process(transform, parsed.original, default_topic="out",
+                                   dlq_topic="dlq", max_bytes=unlimited))
+
+
+def backfill(transform: Transform = fixed) -> list[Output]:
+    return read_back(p for record in INPUTS for p in run(transform, record, "out-v2", "dlq-v2"))
+
+
+def test_after_a_redrive_the_stream_equals_a_backfill_of_the_fixed_transform() -> None:
+    written, letter = stream()
+    history = read_back([*written, *redrive(letter, 0, fixed)])
+    for order in (history, history[::-1]):  # topics are read in no particular order
+        report = compare(order, backfill(), rename=V2)
+        assert report.ok, report.problems()
+        assert (report.expected, report.actual, report.matching) == (9, 8, 8)
+        assert report.reconciled_expected == Reconciled(by_redriven=1)
+
+
+def test_letters_of_every_attempt_are_replaced_by_the_outputs_redrive_wrote() -> None:
+    written, letter = stream()
+    [again] = redrive(letter, 0, broken)  # not fixed yet: the letter again, attempt 1
+    assert dict(again.headers)["txstage.redrive.attempt"] == b"1"
+    report = compare(read_back([*written, again, *redrive(again, 1, fixed)]), backfill(),
+                     rename=V2)
+    assert report.ok, report.problems()
+    assert report.reconciled_expected == Reconciled(by_redriven=2)
+
+
+def test_a_letter_written_again_equals_a_backfill_letter_of_the_same_failure() -> None:
+    # A backfill of the transform still broken writes in/0/1's letter once (attempt 0);
+    # the stream's latest is attempt 1. Both say the input fails with that error, which
+    # is what a letter holds; how often redrive tried is its history, not compared.
+    written, letter = stream()
+    [again] = redrive(letter, 0, broken)
+    report = compare(read_back([*written, again]), backfill(broken), rename=V2)
+    assert report.ok, report.problems()
+    assert report.reconciled_expected == Reconciled(by_later_attempt=1)
+
+    def broken_otherwise(record: Record) -> list[Emit]:
+        raise TypeError("broken another way")
+
+    # A redrive that failed another way: its letter stands for the input, and differs.
+    [other] = redrive(letter, 0, broken_otherwise)
+    report = compare(read_back([*written, other]), backfill(broken), rename=V2)
+    assert report.different == [(("in/0/1", 0), ("headers",))]
+    assert report.reconciled_expected == Reconciled(by_later_attempt=1)
+    assert not report.duplicated_expected
+
+
+def test_a_parked_letter_stands_for_its_input_under_the_parking_topic() -> None:
+    written, letter = stream()
+    [first] = redrive(letter, 0, broken)
+    [second] = redrive(first, 1, broken)
+    # Attempt 2 reached redrive's --max-attempts: the letter went to the parking topic.
+    parked = Produced("dlq.parked", second.key, second.value,
+                      [*second.headers, ("txstage.redrive.parked", b"1")])
+    history = read_back([*written, first, parked])
+    report = compare(history, backfill(broken), rename={**V2, "dlq.parked": "dlq-v2"})
+    assert report.ok, report.problems()
+    assert report.reconciled_expected == Reconciled(by_later_attempt=2)
+    report = compare(history, backfill(broken), rename=V2)
+    assert report.different == [(("in/0/1", 0), ("topic",))]
+
+
+def test_duplicates_beside_a_redrive_are_still_reported() -> None:
+    written, letter = stream()
+    redriven = redrive(letter, 0, fixed)
+    # The stage's letter twice (one attempt): a duplicate, which the redrive replaced.
+    report = compare(read_back([*written, letter, *redriven]), backfill(), rename=V2)
+    assert report.duplicated_expected == [("in/0/1", 0)]
+    assert report.reconciled_expected == Reconciled(by_redriven=2)
+    assert report.matching == 8 and not (report.missing or report.extra or report.different)
+
+    report = compare(read_back([*written, *redriven, *redriven]), backfill(), rename=V2)
+    assert report.duplicated_expected == [("in/0/1", 0), ("in/0/1", 1)]
+
+    # Outputs of the stage beside its letter: nothing replaces them; they are compared.
+    report = compare(read_back([*written, *run(fixed, INPUTS[1])]), backfill(), rename=V2)
+    assert report.duplicated_expected == [("in/0/1", 0)]
+    assert report.reconciled_expected == Reconciled() and report.matching == 8
+
+
+def test_a_redriven_output_that_differs_is_reported_by_its_field() -> None:
+    def fixed_otherwise(record: Record) -> list[Emit]:
+        return [Emit(record.value, record.key), Emit(b"%s?" % record.value, record.key)]
+
+    written, letter = stream()
+    report = compare(read_back([*written, *redrive(letter, 0, fixed_otherwise)]), backfill(),
+                     rename=V2)
+    assert report.different == [(("in/0/1", 1), ("value",))]
+    assert report.matching == 7 and not report.ok
+    assert not (report.missing or report.extra or report.duplicated_expected)
+
+
+def test_a_letter_not_redriven_yet_is_named_as_such() -> None:
+    written, _ = stream()
+    report = compare(read_back(written), backfill(), rename=V2)
+    assert report.dead_lettered_expected == [("in/0/1", 0)]
+    assert report.extra == [("in/0/1", 1)] and not report.different
+
+
+def test_redrive_marks_among_an_outputs_own_headers_are_content() -> None:
+    # An input redriven by another stage carries that stage's mark; a transform that
+    # keeps its input's headers copies it among its outputs' own, before the lineage.
+    upstream = ((REDRIVEN, b"up-dlq/0/3"),)
+    stage = out(1, extra=upstream)
+    redriven = Output(stage.topic, stage.key, stage.value,
+                      (*stage.headers, (REDRIVEN, b"dlq/0/0")))
+    assert compare([redriven], [out(1, extra=upstream)]).ok
+    assert compare([redriven], [out(1)]).different == [(("in/0/1", 0), ("headers",))]
