@@ -30,6 +30,7 @@ class AuditReport:
     outputs_read: int = 0
     outputs_ahead: int = 0  # of inputs past the committed offsets (or before the window)
     letters_pending: int = 0  # dead-lettered, the transform now succeeds, not redriven
+    letters_parked: int = 0  # in the parking topic: failed --max-attempts redrives
     learned_topics: list[str] = field(default_factory=list)  # written by the transform
     read_to: dict[str, str] = field(default_factory=dict)  # output partition → how far, why
     seconds: float = 0.0
@@ -58,7 +59,7 @@ class AuditReport:
             "ok": self.ok, "windows": {k: list(v) for k, v in self.windows.items()},
             "inputs": self.inputs, "expected_outputs": self.expected_outputs,
             "outputs_read": self.outputs_read, "outputs_ahead": self.outputs_ahead,
-            "letters_pending": self.letters_pending,
+            "letters_pending": self.letters_pending, "letters_parked": self.letters_parked,
             "learned_topics": self.learned_topics, "read_to": self.read_to,
             "seconds": round(self.seconds, 3), "records_per_second": round(self.rate),
             "violations": {k: {"count": v.count, "examples": v.examples}
@@ -75,7 +76,8 @@ class AuditReport:
                  f"expected outputs {self.expected_outputs}; outputs of inputs outside the "
                  f"window (newer than the committed offsets): {self.outputs_ahead}",
                  f"dead letters the transform now handles, not redriven yet: "
-                 f"{self.letters_pending}"]
+                 f"{self.letters_pending}; parked by redrive (accounted for): "
+                 f"{self.letters_parked}"]
         if self.learned_topics:
             lines.append(f"topics the transform writes, audited too: "
                          f"{', '.join(self.learned_topics)}")

@@ -34,6 +34,7 @@ from service.messages import to_record
 from service.processing import OutputRefusedError, OutputTooLargeError, process
 from service.reading import EARLIEST, LATEST, Partition
 from service.records import Transform
+from service.redrive.run import parking_topic_of
 
 # Dead letters the stage writes *instead of* outputs at write time (the broker refused
 # one, one is larger than its topic accepts, or its topic does not exist: the last two
@@ -68,6 +69,9 @@ def audit(*, config: Mapping[str, Any], group_id: str, input_topics: list[str],
     learned = sorted(run.topics - set(output_topics) - set(input_topics))
     if learned:
         run.report.learned_topics = learned
+    if run.parking_topic is not None:  # letters redrive parked stand for their inputs too
+        learned.append(run.parking_topic)
+    if learned:
         more = [key for topic in learned for key in _partitions_if_any(config, topic)]
         outputs += more
         watched += more
@@ -112,6 +116,8 @@ class _Audit:
         self.config, self.transform, self.reader, self.timeout_s = (config, transform, reader,
                                                                      timeout_s)
         self.default_topic, self.dlq_topic, self.report = default_topic, dlq_topic, report
+        self.parking_topic = parking_topic_of(dlq_topic) if dlq_topic else None
+        self.letter_topics = {dlq_topic, self.parking_topic} - {None}
         self.ledgers: dict[Partition, PartitionLedger] = {}
         self.last: dict[tuple[str, int, str, int], int] = {}
         self.topics: set[str] = set()  # every topic the transform wrote to
@@ -168,7 +174,9 @@ class _Audit:
         if tag.offset not in ledger:
             report.outputs_ahead += 1
             return
-        error_class = marks.get(ERROR_CLASS) if msg.topic() == self.dlq_topic else None
+        error_class = marks.get(ERROR_CLASS) if msg.topic() in self.letter_topics else None
+        if error_class is not None and msg.topic() == self.parking_topic:
+            report.letters_parked += 1
         if error_class is not None:
             found = ledger.letter(tag.offset, int(attempt or 0),
                                   replaces_outputs=error_class in _WRITE_TIME)

@@ -179,3 +179,4 @@ def test_a_letter_that_can_never_succeed_is_parked_and_stops_growing_the_dlq(
     assert len(read_committed(setup.bootstrap, parking)) == 100
     code, audit, err = tool(setup, "audit", "--stuck-after", "1", env=BUGGY)
     assert code == 0 and violations(audit) == {}, (err, audit)
+    assert audit["letters_parked"] == 100, audit  # read, and accounted for
