@@ -33,6 +33,7 @@ class AuditReport:
     letters_parked: int = 0  # in the parking topic: failed --max-attempts redrives
     learned_topics: list[str] = field(default_factory=list)  # written by the transform
     read_to: dict[str, str] = field(default_factory=dict)  # output partition → how far, why
+    notes: list[str] = field(default_factory=list)  # what was left out, and why
     seconds: float = 0.0
     bytes_per_input: int = 10
     max_examples: int = 10
@@ -61,6 +62,7 @@ class AuditReport:
             "outputs_read": self.outputs_read, "outputs_ahead": self.outputs_ahead,
             "letters_pending": self.letters_pending, "letters_parked": self.letters_parked,
             "learned_topics": self.learned_topics, "read_to": self.read_to,
+            "notes": self.notes,
             "seconds": round(self.seconds, 3), "records_per_second": round(self.rate),
             "violations": {k: {"count": v.count, "examples": v.examples}
                            for k, v in self.violations.items()},
@@ -86,6 +88,7 @@ class AuditReport:
                      if not held else f"output partitions: {len(self.read_to) - len(held)} "
                      f"read to their end, {len(held)} to their last stable offset")
         lines += [f"  {partition}: {how}" for partition, how in sorted(held.items())]
+        lines += [f"note: {note}" for note in self.notes]
         for kind, description in KINDS.items():
             found = self.violations[kind]
             mark = "ok " if found.count == 0 else "BAD"
