@@ -193,12 +193,13 @@ def _sampled_topics(config: JobConfig, admin: AdminClient | None,
             seen.setdefault(out.topic, f"{record.topic}/{record.partition}/{record.offset}")
     if not config.kafka_sink or config.flags.dry_run:
         return seen
+    topics = config.topics
     problems = [unmapped_problem(topic, where) for topic, where in sorted(seen.items())
-                if config.topics.how(topic) == "NOT MAPPED"]
+                if not topics.maps(topic)]
     assert admin is not None, "a Kafka sink has an admin client"
-    targets = {config.topics(t) for t in seen if config.topics.how(t) != "NOT MAPPED"}
+    targets = {topics(t) for t in seen if topics.maps(t)}
     problems += [f"sink topic {topic!r} does not exist" for topic in sorted(targets)
-                 if topic not in config.topics.targets()
+                 if topic not in topics.targets()
                  and offsets.topic_partitions(admin, topic) is None]
     if problems:
         raise ConfigError(*problems)

@@ -62,12 +62,16 @@ class TopicMap:
             raise UnmappedTopicError(topic)
         return topic
 
+    def maps(self, topic: str) -> bool:
+        """Whether ``topic`` has somewhere to go (kept, named or suffixed)."""
+        return topic in self.keep or topic in self.named or bool(self.suffix) \
+            or not self.strict
+
     def how(self, topic: str) -> str:
         """How ``topic`` is mapped, for the plan: ``-> side-v2 (--topic-map)``."""
-        try:
-            sink = self(topic)
-        except UnmappedTopicError:
+        if not self.maps(topic):
             return "NOT MAPPED"
+        sink = self(topic)
         rule = "named" if topic in self.keep else "--topic-map" if topic in self.named else \
             "--topic-suffix" if self.suffix else "kept"
         live = " (the live topic)" if sink == topic and topic not in self.keep else ""
