@@ -18,6 +18,11 @@ from confluent_kafka import KafkaError, Message
 # _UNKNOWN_TOPIC at produce(), UNKNOWN_TOPIC_OR_PART in a delivery report once its
 # retries ran out): the record is sent once more, then dead-lettered.
 UNKNOWN_TOPICS = frozenset({KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART})
+# Answers after which the stage looks its output topics up again. A topic deleted
+# just before a producer first asks for it is not refused at once: librdkafka waits
+# topic.metadata.propagation.max.ms (30 s) before it believes the topic is gone,
+# and a transaction time-out below that times the outputs out instead, every replay.
+LOOK_AGAIN = UNKNOWN_TOPICS | {KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT}
 REFUSALS = frozenset({
     KafkaError.INVALID_RECORD, KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
     KafkaError.INVALID_TIMESTAMP, KafkaError.POLICY_VIOLATION, *UNKNOWN_TOPICS,

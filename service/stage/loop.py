@@ -35,7 +35,7 @@ from confluent_kafka import (
 )
 
 from service.admin import OutputLimits
-from service.delivery import UNKNOWN_TOPICS
+from service.delivery import LOOK_AGAIN
 from service.errors import (
     DENIALS,
     DeniedError,
@@ -465,9 +465,9 @@ class Loop:
         error = getattr(event, "error", None)
         if isinstance(error, KafkaOperationError):
             self._error_metric(error)
-        if (isinstance(error, KafkaOperationError) and error.code in UNKNOWN_TOPICS) or any(
-                f.code in UNKNOWN_TOPICS for f in getattr(event, "failures", ())):
-            self.limits.forget()  # an output topic was deleted: look each one up again
+        if (isinstance(error, KafkaOperationError) and error.code in LOOK_AGAIN) or any(
+                f.code in LOOK_AGAIN for f in getattr(event, "failures", ())):
+            self.limits.forget()  # was an output topic deleted? look each one up again
         before = partition.state
         partition.state, actions = sm.transition(before, event, self.policy)
         if partition.state.phase is not before.phase:

@@ -127,19 +127,22 @@ def test_an_output_topic_deleted_at_run_time_dead_letters_its_records(
     # The topic's limits stayed cached, its outputs failed delivery, and the stage
     # aborted the same transactions again and again (_INCONSISTENT): nothing was
     # committed in 150 s. The refusal now names its record, the limits are looked up
-    # again, and the records routed to the missing topic are dead-lettered.
+    # again, and the records routed to the missing topic are dead-lettered. When the
+    # deletion reaches the producer only after its outputs were queued, they wait out
+    # message.timeout.ms (capped at the transaction time-out), the transaction aborts
+    # and the replay is dead-lettered: the short time-out bounds that path.
     stage = classic_stage
     side = create_topic(stage.bootstrap, unique_name("side"), partitions=2)
     replica = stage.replica(
         "a", TXSTAGE_TRANSFORM="tests.integration.transforms:square_and_copy_to_side",
-        TEST_SIDE_TOPIC=side)
+        TEST_SIDE_TOPIC=side, TXSTAGE_TRANSACTION_TIMEOUT_MS="10000")
     produce_inputs(stage.bootstrap, stage.input_topic, range(200), PARTITIONS)
     stage.wait_committed(60)
     admin = AdminClient({"bootstrap.servers": stage.bootstrap})
     for future in admin.delete_topics([side]).values():
         future.result(30)
     produce_inputs(stage.bootstrap, stage.input_topic, range(200, 400), PARTITIONS)
-    stage.wait_committed(60)
+    stage.wait_committed(90)
     assert replica.alive(), stage.logs()
     found = [lineage.read(r.headers) for r in read_topics(stage.bootstrap,
                                                            [stage.output_topic, stage.dlq_topic])]
