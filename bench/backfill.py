@@ -30,7 +30,8 @@ from pathlib import Path
 from bench.common import ensure_topics
 from bench.throughput import TRANSFORM, broker, measure, start_run, workload
 from service.backfill import config, parity
-from service.backfill.job import Outcome, execute
+from service.backfill.job import execute
+from service.backfill.report import Outcome
 from service.backfill.specs import parse_sink, parse_source
 
 

@@ -1,7 +1,7 @@
 """The ceiling for the benchmark: a bare consume → transform → produce loop, no transactions.
 
 ``python -m bench.bare`` reads the same ``TXSTAGE_*`` settings as a replica and uses the
-same client configurations (``service.kafka_config``: the at-least-once mode's shared
+same client configurations (``service.kafka.config``: the at-least-once mode's shared
 idempotent producer, the read_committed consumer), the same batch size and the same
 transform, and stamps the same lineage headers so its output can be verified. What it
 leaves out is the stage: no transactions, no per-partition tasks, no dead letters or
@@ -22,12 +22,12 @@ from types import FrameType
 
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
-from service import lineage
-from service.kafka_config import consumer_config, producer_config
-from service.messages import to_record
-from service.records import Transform
+from service.contract import lineage
+from service.contract.loading import load_transform
+from service.contract.records import Transform
+from service.kafka.config import consumer_config, producer_config
+from service.kafka.messages import to_record
 from service.settings import Settings, load_settings
-from service.transform import load_transform
 
 ASSIGNED_LINE = "bare.assigned"
 

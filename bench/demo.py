@@ -35,7 +35,7 @@ from bench.common import (
     stage_env,
 )
 from service.examples.square import square
-from service.verify import HangingTransactionError, Report, verify
+from service.tools.verify import HangingTransactionError, Report, verify
 
 BOOTSTRAP = "127.0.0.1:9092"
 INPUT, OUTPUT, DLQ = "txstage-demo-in", "txstage-demo-out", "txstage-demo-dlq"
@@ -304,7 +304,7 @@ def check_results(report: Report | None) -> dict[str, list[str]]:
 
 
 def verdict() -> bool:
-    """Run service.verify over the demo topics and print V1-V5."""
+    """Run service.tools.verify over the demo topics and print V1-V5."""
     print("verifying everything in the demo topics (read_committed) ...", flush=True)
     began = time.monotonic()
     report: Report | None = None

@@ -32,16 +32,16 @@ from prometheus_client import CollectorRegistry
 
 from bench.bare import process as bare_process
 from bench.transforms import identity
-from service import interpreter
-from service.admin import Cluster, OutputLimits
-from service.health import Health
-from service.metrics import Metrics
-from service.producer import PinnedProducer
+from service.kafka.cluster import Cluster, OutputLimits
+from service.kafka.producer import PinnedProducer
+from service.observability import interpreter
+from service.observability.health import Health
+from service.observability.metrics import Metrics
 from service.settings import load_settings
 from service.stage import state as sm
-from service.stage.at_least_once import AtLeastOnce
-from service.stage.committer import Committer
-from service.stage.exactly_once import ExactlyOnce
+from service.stage.guarantees.at_least_once import AtLeastOnce
+from service.stage.guarantees.exactly_once import ExactlyOnce
+from service.stage.guarantees.guarantee import Committer
 from service.stage.loop import Loop
 from service.stage.partition import Partition
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bench.common import REPO_ROOT, StageProcess, ensure_topics, free_port, stage_env
 from bench.throughput import broker, prefill
-from service.verify import committed_offsets, end_offsets
+from service.tools.verify import committed_offsets, end_offsets
 
 TRANSFORM = "bench.transforms:identity_failing_every_hundredth"
 

@@ -9,7 +9,7 @@ its own consumer group and output topic:
 
 An unmeasured exactly-once replica warms the broker up first. Each mode is timed from
 its first output reaching the broker to its group's committed offsets reaching the
-input's end offsets, then checked with ``service.verify``. ``--repeat N`` interleaves N
+input's end offsets, then checked with ``service.tools.verify``. ``--repeat N`` interleaves N
 rounds and reports median ratios; ``--scaling`` adds exactly-once runs over 4 and 64
 input partitions; ``--profile FILE`` instead runs one exactly-once replica under
 cProfile (or pyinstrument) and summarises where its loop thread spends its time.
@@ -64,7 +64,7 @@ from bench.common import (
     thread_cpu,
 )
 from bench.transforms import identity
-from service.verify import HangingTransactionError, verify
+from service.tools.verify import HangingTransactionError, verify
 
 MODES = ("exactly_once", "at_least_once", "bare")
 VARIANT = "exactly_once_variant"  # --variant: exactly-once with other settings
@@ -851,10 +851,13 @@ PROFILERS = {
 }
 # What the loop thread calls, broken down two levels below Loop.iterate.
 _TREE = (("service/stage/loop.py", "iterate"), ("service/stage/loop.py", "process"),
-         ("service/processing.py", "process"), ("service/processing.py", "_resolve"),
-         ("service/stage/loop.py", "_write_run"), ("service/stage/exactly_once.py", "write_run"),
-         ("service/stage/at_least_once.py", "write_run"), ("service/producer.py", "produce_run"),
-         ("service/stage/at_least_once.py", "poll"), ("service/stage/loop.py", "tick"))
+         ("service/contract/processing.py", "process"),
+         ("service/contract/processing.py", "_resolve"),
+         ("service/stage/loop.py", "_write_run"),
+         ("service/stage/guarantees/exactly_once.py", "write_run"),
+         ("service/stage/guarantees/at_least_once.py", "write_run"),
+         ("service/kafka/producer.py", "produce_run"),
+         ("service/stage/guarantees/at_least_once.py", "poll"), ("service/stage/loop.py", "tick"))
 
 FuncKey = tuple[str, int, str]
 StatsTable = Mapping[FuncKey, tuple[int, int, float, float, dict[FuncKey, tuple[float, ...]]]]

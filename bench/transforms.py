@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from service.records import Output, Record
+from service.contract.records import Output, Record
 
 
 def identity(record: Record) -> Iterator[Output]:

@@ -6,6 +6,6 @@ types from here, nothing from Kafka.
 
 __version__ = "0.1.0"
 
-from service.records import Headers, Output, Record, Transform
+from service.contract.records import Headers, Output, Record, Transform
 
 __all__ = ["Headers", "Output", "Record", "Transform", "__version__"]

@@ -20,18 +20,18 @@ from typing import NoReturn
 import structlog
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
-from service import interpreter
-from service.admin import Cluster, OutputLimits
-from service.checks import check_cluster, producer_max_bytes, session_timeout_s
+from service.contract.loading import load_transform
 from service.errors import ConfigError, PoisonRecordError
-from service.health import Health, publish_readiness, serve
-from service.kafka_config import admin_config, refused_configs
-from service.logs import configure_logging
-from service.lso_watch import LsoWatch
-from service.metrics import Metrics
+from service.kafka.cluster import Cluster, OutputLimits
+from service.kafka.config import admin_config, refused_configs
+from service.observability import interpreter
+from service.observability.health import Health, publish_readiness, serve
+from service.observability.logs import configure_logging
+from service.observability.lso_watch import LsoWatch
+from service.observability.metrics import Metrics
+from service.preflight import check_cluster, producer_max_bytes, session_timeout_s
 from service.settings import Settings, load_settings
-from service.stage import Stage
-from service.transform import load_transform
+from service.stage.replica import Stage
 
 log = structlog.get_logger("txstage")
 
@@ -49,11 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return int(backfill_main(args[1:]))
     if args and args[0] == "audit":
-        from service.audit.cli import main as audit_main  # its own exit codes
+        from service.tools.audit.cli import main as audit_main  # its own exit codes
 
         return audit_main(args[1:])
     if args and args[0] == "redrive":
-        from service.redrive.cli import main as redrive_main  # its own exit codes
+        from service.tools.redrive.cli import main as redrive_main  # its own exit codes
 
         return redrive_main(args[1:])
     if args and args[0] == "kafka":

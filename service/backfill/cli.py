@@ -18,8 +18,8 @@ from service.backfill import config, parity, plan
 from service.backfill.slice_writer import DEFAULT_TRANSACTION_BYTES, DEFAULT_TRANSACTION_RECORDS
 from service.backfill.specs import KafkaSource, parse_sink, parse_source
 from service.backfill.topic_map import UnmappedTopicError, parse_pairs
+from service.contract.lineage import Lineage
 from service.errors import ConfigError
-from service.lineage import Lineage
 from service.settings import environment
 
 PROG = "txstage backfill"
@@ -71,7 +71,7 @@ def _configure_logging() -> None:
     """The stage's log pipeline, unless the host (pytest, an app) already set one up."""
     if logging.getLogger().handlers:
         return
-    from service.logs import configure_logging
+    from service.observability.logs import configure_logging
 
     env = environment()
     fmt = env.get("TXSTAGE_LOG_FORMAT", "console")

@@ -1,7 +1,7 @@
 """One backfill job's configuration: command-line flags over ``TXSTAGE_*`` settings.
 
 The stage's own Settings object is reused, not copied, so the backfill validates and
-builds librdkafka configs exactly like the stage (service.kafka_config, pass-through
+builds librdkafka configs exactly like the stage (service.kafka.config, pass-through
 ``TXSTAGE_KAFKA__*``/``TXSTAGE_PRODUCER__*``, protected properties). Its two
 stage-only required fields are derived from the job: ``group_id`` =
 ``<prefix>.backfill.<job_id>`` (client ids; the progress reader never joins it) and

@@ -34,13 +34,14 @@ from service.backfill import (
 from service.backfill.config import JobConfig
 from service.backfill.plan import Plan, Slice, fingerprint, slice_ranges
 from service.backfill.progress import JobState
+from service.backfill.report import Outcome
 from service.backfill.session import spark_session
 from service.backfill.specs import FileSource, KafkaSource, ParquetSink
 from service.backfill.topic_map import unmapped_problem
+from service.contract.loading import load_transform
+from service.contract.processing import process
+from service.contract.records import Record
 from service.errors import ConfigError, PoisonRecordError
-from service.processing import process
-from service.records import Record
-from service.transform import load_transform
 
 log = logging.getLogger("txstage.backfill")
 
@@ -60,22 +61,6 @@ class Run:
             return list(self.plan.slices)
         return [s for s in self.plan.slices
                 if not (state.slices.get(s.index) and state.slices[s.index].done)]
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What a job did, for the summary (and the benchmark)."""
-
-    job_id: str
-    inputs: int  # committed inputs of the whole job (every run, for a Kafka sink)
-    outputs: int
-    dead_lettered: int
-    inputs_this_run: int
-    transactions: int = 0
-    aborts: int = 0
-    seconds: float = 0.0  # this invocation, start to end
-    spark_seconds: float = 0.0  # the Spark job that transformed and wrote
-    status: str = "complete"  # complete | already complete | dry run
 
 
 def run(config: JobConfig) -> int:

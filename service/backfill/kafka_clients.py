@@ -1,4 +1,4 @@
-"""The backfill's Kafka clients, all built from the stage's settings (service.kafka_config).
+"""The backfill's Kafka clients, all built from the stage's settings (service.kafka.config).
 
 Nothing connects until used: constructors do no network I/O.
 """
@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient
 
 from service.backfill import progress
 from service.backfill.progress import JobState
-from service.kafka_config import admin_config, consumer_config
+from service.kafka.config import admin_config, consumer_config
 from service.settings import Settings
 
 

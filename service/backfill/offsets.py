@@ -17,7 +17,8 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from service.backfill.plan import PartitionRange
 from service.backfill.specs import Bound, Earliest, KafkaSource, Latest, Offsets, Timestamp
-from service.errors import ConfigError, Where, translated
+from service.errors import ConfigError, Where
+from service.kafka.errors import translated
 
 TIMEOUT_S = 30.0
 _EARLIEST = OffsetSpec.earliest()  # type: ignore[no-untyped-call]

@@ -7,7 +7,7 @@ dead letter on one side and an output on the other, duplicates on either side (a
 exactly-once violation), and outputs with no lineage. Either side is topics (read
 read_committed to the end) or a Parquet output of the backfill.
 
-Redrive lineage is read as ``txstage audit`` reads it (service/audit/ledger.py). After
+Redrive lineage is read as ``txstage audit`` reads it (service/tools/audit/ledger.py). After
 ``txstage redrive``, a stream holds for one input its dead letter and the outputs
 redrive wrote in its place (marked ``txstage.redriven``), or letters of several attempts
 (``txstage.redrive.attempt``, the last one perhaps parked); a backfill of the fixed
@@ -29,13 +29,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from service import lineage
 from service.backfill.plan import Slice
 from service.backfill.specs import ParquetSink, parse_sink
+from service.contract import lineage
+from service.contract.lineage import Lineage
 from service.errors import ConfigError
-from service.lineage import Lineage
-from service.redrive import letters
-from service.verify import read_topics
+from service.tools.redrive import letters
+from service.tools.verify import read_topics
 
 Key = tuple[str, int]  # (txstage.src, txstage.idx)
 FIELDS = ("topic", "key", "value", "headers")
@@ -186,7 +186,7 @@ _REDRIVEN = 1 << 62
 # Redrive's marks: txstage.redriven, and under the prefix its attempt count, its parking
 # mark and whatever else it may come to add.
 _MARKS = (lineage.REDRIVEN, "txstage.redrive.")
-_ERROR = "txstage.error."  # the headers service/deadletter.py gives a letter
+_ERROR = "txstage.error."  # the headers service/contract/deadletter.py gives a letter
 
 _Entry = tuple[int, str, bytes, bytes, bytes]  # the generation, then FIELDS' digests
 
@@ -353,7 +353,7 @@ def _fields(a: _Entry, b: _Entry) -> tuple[str, ...]:
 
 def from_topics(bootstrap: str, topics: Iterable[str], timeout_s: float = 120.0
                 ) -> Iterator[Output]:
-    """Every record of ``topics``, read_committed to the end (service.verify.read_topics)."""
+    """Every record of ``topics``, read_committed to the end (service.tools.verify.read_topics)."""
     for record in read_topics(bootstrap, topics, timeout_s=timeout_s):
         yield Output(record.topic, record.key, record.value, record.headers)
 

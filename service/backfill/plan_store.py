@@ -27,10 +27,10 @@ from typing import Any
 from service.backfill import kafka_clients, progress
 from service.backfill.plan import Plan
 from service.backfill.progress import JobState
+from service.contract.processing import Produced
 from service.errors import FencedError
-from service.kafka_config import producer_config
-from service.processing import Produced
-from service.producer import PinnedProducer
+from service.kafka.config import producer_config
+from service.kafka.producer import PinnedProducer
 from service.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,8 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from service.backfill.plan import Plan, Slice
-from service.errors import Where, translate, translated
+from service.errors import Where
+from service.kafka.errors import translate, translated
 
 PARTITION = 0
 VERSION = 1

@@ -11,8 +11,9 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
@@ -22,10 +23,23 @@ from service.backfill.plan import Plan, Slice
 from service.backfill.progress import JobState
 from service.backfill.specs import KafkaSink, KafkaSource
 
-if TYPE_CHECKING:
-    from service.backfill.job import Outcome
-
 log = logging.getLogger("txstage.backfill")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a job did, for the summary (and the benchmark)."""
+
+    job_id: str
+    inputs: int  # committed inputs of the whole job (every run, for a Kafka sink)
+    outputs: int
+    dead_lettered: int
+    inputs_this_run: int
+    transactions: int = 0
+    aborts: int = 0
+    seconds: float = 0.0  # this invocation, start to end
+    spark_seconds: float = 0.0  # the Spark job that transformed and wrote
+    status: str = "complete"  # complete | already complete | dry run
 
 
 def _out(line: str = "") -> None:

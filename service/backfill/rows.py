@@ -1,4 +1,4 @@
-"""Rows as Spark holds them ↔ service.Record in, service.processing.Produced out.
+"""Rows as Spark holds them ↔ service.Record in, service.contract.processing.Produced out.
 
 Every source is normalised to INPUT_SCHEMA (the fields of service.Record plus the slice
 index); the Parquet sink writes OUTPUT_SCHEMA: the produced record (topic, key, value,
@@ -12,8 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from service.processing import Produced
-from service.records import Record
+from service.contract.processing import Produced
+from service.contract.records import Record
 
 HEADER = pa.struct([("key", pa.string()), ("value", pa.binary())])
 
@@ -46,7 +46,7 @@ def sliced_records(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, Rec
     """(slice index, record) for every input row, in the order Spark hands them over.
 
     Column by column: one Python list per column is faster than a dict per row. Like
-    service.messages.to_record, a null header value becomes b"" (the contract has bytes).
+    service.kafka.messages.to_record, a null header value becomes b"" (the contract has bytes).
     """
     for batch in batches:
         columns = [batch.column(name).to_pylist() for name in _INPUT_COLUMNS]

@@ -1,6 +1,6 @@
 """One slice's input read from Kafka inside its Spark task, with librdkafka.
 
-The stream's own client and conversion (service.messages.to_record): read_committed,
+The stream's own client and conversion (service.kafka.messages.to_record): read_committed,
 by assignment (never joins the group, never commits), from the slice's committed
 progress to its end. Nothing crosses to the JVM: Spark hands a task only slice
 indexes, so a slice costs one consumer (milliseconds) instead of Spark's Java
@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from service.backfill import kafka_clients
-from service.messages import to_record
-from service.records import Record
+from service.contract.records import Record
+from service.kafka.messages import to_record
 from service.settings import Settings
 
 

@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 from service.backfill.plan import Slice
 from service.backfill.progress import PARTITION as PROGRESS_PARTITION
 from service.backfill.progress import SliceProgress, encode_progress, slice_key
-from service.delivery import REFUSALS, Failure
+from service.contract.processing import OutputRefusedError, Produced, Result, refused
+from service.contract.records import Record
 from service.errors import AbortableError, KafkaOperationError, PoisonRecordError
-from service.processing import OutputRefusedError, Produced, Result, refused
-from service.producer import PinnedProducer
-from service.records import Record
+from service.kafka.delivery import REFUSALS, Failure
+from service.kafka.producer import PinnedProducer
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +258,7 @@ class SliceWriter:
                      cause: AbortableError | None) -> None:
         """Commit ``results`` in one transaction, replaying it after an abort.
 
-        Refusals (service.delivery.REFUSALS: the broker will never take that output)
+        Refusals (service.kafka.delivery.REFUSALS: the broker will never take that output)
         are isolated like the stream's: a refusal that names one record of the group
         (or a group of one) makes that record's dead letter replace its outputs; one
         that cannot tell (the broker refused a whole batch) splits the group in two
@@ -301,7 +301,7 @@ class SliceWriter:
     def _dead_lettered(self, results: list[tuple[Record, Result]], offset: int,
                        refusal: Failure) -> list[tuple[Record, Result]]:
         """``results`` with the record at ``offset`` dead-lettered (the stream's
-        service.processing.refused). Without a dead-letter topic the records before it
+        service.contract.processing.refused). Without a dead-letter topic the records before it
         are committed first, then PoisonRecordError names it."""
         index = next(i for i, (record, _) in enumerate(results) if record.offset == offset)
         record, result = results[index]

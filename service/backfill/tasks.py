@@ -19,20 +19,20 @@ from typing import Any
 
 import pyarrow as pa
 
-from service import interpreter
-from service.admin import DEFAULT_MESSAGE_MAX_BYTES, Cluster, OutputLimits
 from service.backfill import kafka_clients, rows, slice_reader
 from service.backfill.plan import Slice, transactional_id
 from service.backfill.progress import SliceProgress
 from service.backfill.slice_writer import Process, Read, SliceOutcome, SliceTask, SliceWriter
 from service.backfill.topic_map import TopicMap, UnmappedTopicError
-from service.checks import producer_max_bytes
-from service.kafka_config import admin_config, producer_config
-from service.processing import process
-from service.producer import PinnedProducer
-from service.records import Record
+from service.contract.loading import load_transform
+from service.contract.processing import process
+from service.contract.records import Record
+from service.kafka.cluster import DEFAULT_MESSAGE_MAX_BYTES, Cluster, OutputLimits
+from service.kafka.config import admin_config, producer_config
+from service.kafka.producer import PinnedProducer
+from service.observability import interpreter
+from service.preflight import producer_max_bytes
 from service.settings import Settings
-from service.transform import load_transform
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ class Processing:
     """How process() is called: the same arguments the stream passes.
 
     With ``settings`` (a Kafka sink) output sizes are checked against each topic's
-    ``max.message.bytes`` exactly as the stage does (service.admin.OutputLimits, one
+    ``max.message.bytes`` exactly as the stage does (service.kafka.cluster.OutputLimits, one
     AdminClient per worker); without (a Parquet sink) against ``max_bytes`` only.
     """
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from service.contract.processing import Produced, Result
+from service.contract.records import Record
 from service.errors import ConfigError
-from service.processing import Produced, Result
-from service.records import Record
 
 
 class UnmappedTopicError(ValueError):

@@ -9,7 +9,7 @@ wherever the transform runs (stream or backfill).
 import json
 from collections.abc import Iterator
 
-from service.records import Output, Record
+from service.contract.records import Output, Record
 
 
 def enrich(record: Record) -> Iterator[Output]:

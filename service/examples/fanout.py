@@ -8,7 +8,7 @@ variable ``TXSTAGE_EXAMPLE_SUMMARY_TOPIC`` (default ``txstage-summary``).
 import os
 from collections.abc import Iterator
 
-from service.records import Output, Record
+from service.contract.records import Output, Record
 
 
 def split_lines(record: Record) -> Iterator[Output]:

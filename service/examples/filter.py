@@ -5,7 +5,7 @@ Zero outputs still advance the input offset inside the transaction.
 
 from collections.abc import Iterator
 
-from service.records import Output, Record
+from service.contract.records import Output, Record
 
 
 def evens(record: Record) -> Iterator[Output]:

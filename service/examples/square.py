@@ -7,7 +7,7 @@ goes to the dead-letter topic.
 
 from collections.abc import Iterator
 
-from service.records import Output, Record
+from service.contract.records import Output, Record
 
 
 def square(record: Record) -> Iterator[Output]:

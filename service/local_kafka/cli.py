@@ -22,7 +22,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException
 
-from service.cache import cache_root
+from service.local_kafka.cache import cache_root
 from service.local_kafka.errors import KafkaStartError, LocalKafkaError
 from service.local_kafka.jars import KAFKA_VERSION, install
 from service.local_kafka.node import Node, port_open, tail_file, wait_for_start

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from service.cache import cache_root, install_once, installed
+from service.local_kafka.cache import cache_root, install_once, installed
 from service.local_kafka.errors import LocalKafkaError
 
 KAFKA_VERSION = "4.1.1"

@@ -34,25 +34,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from service.admin import OutputLimits
-from service.delivery import LOOK_AGAIN
-from service.errors import (
-    DENIALS,
-    DeniedError,
-    FatalError,
-    FencedError,
-    KafkaOperationError,
-    PoisonRecordError,
-    RetriableError,
-    TopicLimitPending,
-    Where,
-    kafka_error,
-    translate,
-)
-from service.health import Health
-from service.messages import to_record
-from service.metrics import Metrics
-from service.processing import (
+from service.contract.processing import (
     OutputRefusedError,
     Processed,
     Result,
@@ -60,11 +42,26 @@ from service.processing import (
     refused,
     written_before,
 )
-from service.records import Output, Record, Transform
+from service.contract.records import Output, Record, Transform
+from service.errors import (
+    FatalError,
+    FencedError,
+    KafkaOperationError,
+    PoisonRecordError,
+    RetriableError,
+    TopicLimitPending,
+    Where,
+)
+from service.kafka.cluster import OutputLimits
+from service.kafka.delivery import LOOK_AGAIN
+from service.kafka.errors import DENIALS, DeniedError, kafka_error, translate
+from service.kafka.messages import to_record
+from service.observability.health import Health
+from service.observability.metrics import Metrics
 from service.settings import Settings
 from service.stage import state as sm
-from service.stage.committer import Committer, Job
 from service.stage.fetch_watch import FetchWatch
+from service.stage.guarantees.guarantee import Committer, Job
 from service.stage.jobs import Jobs
 from service.stage.partition import Partition, TopicPartitionKey
 

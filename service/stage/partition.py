@@ -7,7 +7,7 @@ from concurrent.futures import Future
 
 from confluent_kafka import Message, TopicPartition
 
-from service.records import Output
+from service.contract.records import Output
 from service.stage.state import PartitionState, Phase
 
 TopicPartitionKey = tuple[str, int]

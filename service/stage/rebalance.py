@@ -9,8 +9,8 @@ import time
 import structlog
 from confluent_kafka import Consumer, TopicPartition
 
-from service.health import Health
-from service.metrics import Metrics
+from service.observability.health import Health
+from service.observability.metrics import Metrics
 from service.stage.loop import Loop
 
 log = structlog.get_logger(__name__)

@@ -32,17 +32,16 @@ from typing import TypeVar
 
 from confluent_kafka import KafkaError
 
-from service.delivery import REFUSALS, Failure
 from service.errors import (
-    DENIALS,
     AbortableError,
-    DeniedError,
     FencedError,
     KafkaOperationError,
     PoisonRecordError,
     RetriableError,
     Where,
 )
+from service.kafka.delivery import REFUSALS, Failure
+from service.kafka.errors import DENIALS, DeniedError
 
 # --------------------------------------------------------------------------- the state
 

@@ -12,7 +12,7 @@
 3. Every ``--interval`` seconds apply a fault drawn from the seed (tests/chaos/faults.py)
    and print it; each fault heals itself (restart, resume, expire).
 4. Then heal everything, stop feeding, and check: everything committed within
-   ``--drain-timeout`` after the last fault (exactly-once: V1-V5 of service.verify,
+   ``--drain-timeout`` after the last fault (exactly-once: V1-V5 of service.tools.verify,
    i.e. no duplicate, nothing lost, order per input partition, nothing from an aborted
    transaction, no hanging transaction; at-least-once: nothing lost), every replica
    stops with exit 0 on SIGTERM, and every non-zero exit was caused by a fault.
@@ -42,7 +42,7 @@ from confluent_kafka import KafkaException, Producer
 
 from service.local_kafka.cluster import KafkaCluster
 from service.local_kafka.readiness import wait_ready
-from service.verify import HangingTransactionError, committed_offsets, end_offsets, verify
+from service.tools.verify import HangingTransactionError, committed_offsets, end_offsets, verify
 from tests.chaos.faults import LIBRARY, Later
 from tests.harness.admin import create_topic
 from tests.harness.proxy import FaultProxy

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from service.verify import Report
+from service.tools.verify import Report
 from tests.harness.containers import Engine, EngineError, env_args
 from tests.harness.kafka import KafkaService, free_ports
 from tests.integration.conftest import PARTITIONS, StageSetup, build_stage

@@ -24,7 +24,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from service.examples.square import square
-from service.verify import verify
+from service.tools.verify import verify
 from tests.harness.containers import REPO_ROOT, Engine
 from tests.image.conftest import RUNTIME_IMAGE
 from tests.integration.replicas import all_committed, wait_for
@@ -146,7 +146,7 @@ SECRETS = REPO_ROOT / "deploy" / "compose" / "secrets"
 VERIFY_INSIDE = """
 import json, time
 from service.examples.square import square
-from service.verify import committed_offsets, end_offsets, verify
+from service.tools.verify import committed_offsets, end_offsets, verify
 B = "127.0.0.1:9095"
 deadline = time.monotonic() + 120
 while time.monotonic() < deadline:

@@ -13,9 +13,9 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 
+from service.contract.records import Transform
 from service.examples.square import square
-from service.records import Transform
-from service.verify import Report, verify
+from service.tools.verify import Report, verify
 from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaService
 from tests.integration.replicas import Replica, all_committed, wait_for

@@ -1,4 +1,4 @@
-"""Asks ``service.admin.Cluster.committed_offset`` again and again from four threads,
+"""Asks ``service.kafka.cluster.Cluster.committed_offset`` again and again from four threads,
 for ``SECONDS``, while a test moves the group's coordinator. Run as a subprocess:
 ``python -m tests.integration.offset_hammer BOOTSTRAP GROUP TOPIC SECONDS``. It prints
 how many answers and errors it got and exits 0; a crash of the client library shows as
@@ -10,8 +10,8 @@ import sys
 import threading
 import time
 
-from service.admin import Cluster
 from service.errors import KafkaOperationError
+from service.kafka.cluster import Cluster
 
 
 def main(bootstrap: str, group: str, topic: str, seconds: float) -> int:

@@ -18,7 +18,7 @@ from typing import ClassVar
 from confluent_kafka import KafkaException, Producer
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.verify import committed_offsets, end_offsets
+from service.tools.verify import committed_offsets, end_offsets
 from tests.harness.kafka import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

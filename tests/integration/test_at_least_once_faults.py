@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from service.deadletter import ERROR_CLASS, ERROR_OFFSET, ERROR_PARTITION
-from service.verify import Report
+from service.contract.deadletter import ERROR_CLASS, ERROR_OFFSET, ERROR_PARTITION
+from service.tools.verify import Report
 from tests.harness.reading import read_committed
 from tests.integration.conftest import PARTITIONS, StageSetup
 from tests.integration.replicas import produce_inputs, wait_for

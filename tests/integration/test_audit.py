@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
-from service import reading
+from service.kafka import reading
 from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaService
 from tests.harness.reading import read_committed
@@ -108,6 +109,28 @@ def test_committed_offsets_held_by_an_open_transaction_are_waited_out(
     reader.join(30)
     member.close()
     assert answer == [{(topic, 0): 7}]
+
+
+def test_committed_offsets_are_read_by_a_group_consumer_never_the_admin_client(
+        kafka: KafkaService, unique_name: Callable[[str], str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The audit and redrive read committed offsets with AdminClient's
+    # ListConsumerGroupOffsets, which crashes the process (SIGSEGV, librdkafka#5040)
+    # when the group coordinator moves: the audit CronJob died of what the stage's
+    # own read-back was fixed for. They now ask as the stage does.
+    topic, group = unique_name("in"), unique_name("group")
+    create_topic(kafka.bootstrap, topic, partitions=2)
+    member = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
+    member.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+    member.close()
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ListConsumerGroupOffsets through the AdminClient")
+
+    monkeypatch.setattr(AdminClient, "list_consumer_group_offsets", refused)
+    found = reading.committed({"bootstrap.servers": kafka.bootstrap}, group,
+                              [(topic, 0), (topic, 1)], timeout_s=30)
+    assert found == {(topic, 0): 5, (topic, 1): -1001}
 
 
 def _committed_or_error(bootstrap: str, group: str, topic: str) -> object:

@@ -20,7 +20,7 @@ import pytest
 
 from service.backfill.standalone import StandaloneSpark
 from service.examples.square import square
-from service.verify import verify
+from service.tools.verify import verify
 from tests.harness.kafka import KafkaService
 from tests.harness.reading import end_offsets
 from tests.integration.replicas import produce_inputs

@@ -22,7 +22,7 @@ import pytest
 from service import Record
 from service.backfill import main, parity
 from service.examples.square import square
-from service.verify import expected_outputs, read_topics
+from service.tools.verify import expected_outputs, read_topics
 from tests.integration.conftest import PARTITIONS, StageSetup
 from tests.integration.conftest_spark import (  # noqa: F401  (fixtures)
     REPO_ROOT,

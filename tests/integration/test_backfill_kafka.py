@@ -22,12 +22,12 @@ from service import Record
 from service.backfill import config, kafka_clients, parity, progress, tasks
 from service.backfill.plan import Slice
 from service.backfill.specs import parse_sink, parse_source
-from service.deadletter import ERROR_CLASS
+from service.contract.deadletter import ERROR_CLASS
 from service.errors import FencedError
 from service.examples.square import square
 from service.local_kafka.cluster import KafkaCluster
 from service.settings import environment
-from service.verify import expected_outputs, read_topics
+from service.tools.verify import expected_outputs, read_topics
 from tests.harness.admin import create_topic, partition_leaders
 from tests.harness.reading import end_offsets, read_committed, read_uncommitted
 from tests.integration.backfill_faults import CRASH_AT, DIES_AT, REFUSING_TOPIC, SLOW_DIES_AT

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from service.verify import committed_offsets
+from service.tools.verify import committed_offsets
 from tests.integration.conftest import PARTITIONS, StageSetup
 from tests.integration.replicas import REPO_ROOT, produce_inputs
 

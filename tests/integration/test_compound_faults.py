@@ -1,5 +1,5 @@
 """Faults in pairs, and faults that only show with a transform that takes real time
-(issue 8): every scenario ends with the lineage check (service/verify.py) and, unless
+(issue 8): every scenario ends with the lineage check (service/tools/verify.py) and, unless
 it is about stopping, with the replicas still alive and a clean SIGTERM.
 
 Each test names, in a comment, what the stage before the rebuild did wrong.
@@ -23,10 +23,10 @@ from confluent_kafka import Consumer, ConsumerGroupType, Producer, TopicPartitio
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._group import ConsumerGroupDescription
 
-from service.deadletter import ERROR_CLASS, ERROR_OFFSET, ERROR_PARTITION
-from service.kafka_config import producer_config
+from service.contract.deadletter import ERROR_CLASS, ERROR_OFFSET, ERROR_PARTITION
+from service.kafka.config import producer_config
 from service.settings import load_settings
-from service.verify import committed_offsets
+from service.tools.verify import committed_offsets
 from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaCluster, KafkaService
 from tests.harness.reading import read_committed, read_uncommitted

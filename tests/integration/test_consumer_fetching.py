@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from service import reading
-from service.kafka_config import consumer_config
+from service.kafka import reading
+from service.kafka.config import consumer_config
 from service.settings import load_settings
 from tests.harness.kafka import KafkaService
 

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
+from service.contract.processing import Produced
 from service.errors import FencedError, KafkaOperationError
-from service.processing import Produced
-from service.producer import PinnedProducer
+from service.kafka.producer import PinnedProducer
 from tests.conftest import UniqueName
 from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaService

@@ -19,14 +19,14 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from service.admin import Cluster, OutputLimits
-from service.checks import check_cluster, producer_max_bytes
-from service.health import Health
-from service.kafka_config import admin_config
-from service.metrics import Metrics
+from service.contract.loading import load_transform
+from service.kafka.cluster import Cluster, OutputLimits
+from service.kafka.config import admin_config
+from service.observability.health import Health
+from service.observability.metrics import Metrics
+from service.preflight import check_cluster, producer_max_bytes
 from service.settings import load_settings
 from service.stage import Stage
-from service.transform import load_transform
 from tests.harness.reading import read_topic
 from tests.integration.conftest import PARTITIONS, StageSetup, long_transactions
 from tests.integration.replicas import produce_inputs, value, wait_for

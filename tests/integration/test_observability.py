@@ -56,7 +56,7 @@ def test_counters_match_what_was_sent_and_read(stage: StageSetup) -> None:
 
 
 def test_the_cycle_collector_stays_out_of_the_way_of_the_records(stage: StageSetup) -> None:
-    """service/interpreter.py: once start-up is done, its objects are frozen and the
+    """service/observability/interpreter.py: once start-up is done, its objects are frozen and the
     youngest generation is collected every 20,000 allocations. With Python's defaults
     a replica ran ~5 young collections per 1,000 records (and a full one, walking every
     object start-up made, every ~100 of those); tuned, under one."""

@@ -1,5 +1,5 @@
 """The stage on a secured broker: SASL/SCRAM-SHA-512 over TLS, the StandardAuthorizer,
-and a principal holding exactly the ACLs of service/acls.py (docs/security.md).
+and a principal holding exactly the ACLs of service/tools/acls.py (docs/security.md).
 
 One secured broker for the module (``secured_kafka``); each test gets a user, topics and a
 group of its own. The harness creates topics, feeds input and verifies output through the
@@ -21,12 +21,12 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._acl import AclBinding, AclBindingFilter
 
-from service.acls import Grant, audit_grants, backfill_grants, stage_grants
 from service.backfill.config import default_progress_topic
 from service.examples.square import square
 from service.local_kafka.cluster import KafkaCluster
 from service.local_kafka.security import upsert_scram_user
-from service.verify import compare, expected_outputs, read_topics
+from service.tools.acls import Grant, audit_grants, backfill_grants, stage_grants
+from service.tools.verify import compare, expected_outputs, read_topics
 from tests.harness.admin import create_topic
 from tests.integration.conftest import StageSetup, _tear_down, build_stage
 from tests.integration.conftest_spark import Backfill, spark_fixture  # noqa: F401  (fixture)

@@ -12,7 +12,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from service.deadletter import ERROR_CLASS
+from service.contract.deadletter import ERROR_CLASS
 from tests.harness.admin import create_topic, partition_leaders
 from tests.harness.reading import read_committed
 from tests.integration.conftest import PARTITIONS, StageSetup

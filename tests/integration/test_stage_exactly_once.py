@@ -1,5 +1,5 @@
 """The stage against a real broker: every scenario ends with the lineage check
-(V1-V5, service/verify.py) over everything read back read_committed."""
+(V1-V5, service/tools/verify.py) over everything read back read_committed."""
 
 from __future__ import annotations
 

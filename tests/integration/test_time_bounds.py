@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from service import lineage
-from service.deadletter import DROPPED
-from service.verify import read_topics
+from service.contract import lineage
+from service.contract.deadletter import DROPPED
+from service.tools.verify import read_topics
 from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaService
 from tests.integration.conftest import PARTITIONS, StageSetup, _tear_down, build_stage

@@ -23,11 +23,11 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from service.errors import FatalError, FencedError, Where
-from service.metrics import Metrics
+from service.observability.metrics import Metrics
 from service.settings import load_settings
-from service.stage import exactly_once
 from service.stage import state as sm
-from service.stage.exactly_once import ExactlyOnce
+from service.stage.guarantees import exactly_once
+from service.stage.guarantees.exactly_once import ExactlyOnce
 from service.stage.loop import Loop
 from service.stage.partition import Partition, TopicPartitionKey
 from tests.unit.test_positioning import RecordingCommitter, ScriptedConsumer, make_loop

@@ -5,7 +5,7 @@ from __future__ import annotations
 from confluent_kafka.admin._acl import AclOperation
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
-from service.acls import backfill_grants, stage_grants
+from service.tools.acls import backfill_grants, stage_grants
 
 
 def test_the_stage_needs_read_on_inputs_and_group_write_on_outputs_and_its_id_prefix() -> None:

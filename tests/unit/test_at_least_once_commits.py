@@ -18,17 +18,17 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from service.admin import OutputLimits
+from service.contract.processing import Produced
+from service.contract.records import Record
 from service.errors import KafkaOperationError, PoisonRecordError
 from service.examples.square import square
-from service.health import Health
-from service.metrics import Metrics
-from service.processing import Produced
-from service.records import Record
+from service.kafka.cluster import OutputLimits
+from service.observability.health import Health
+from service.observability.metrics import Metrics
 from service.settings import load_settings
 from service.stage import Stage
 from service.stage import state as sm
-from service.stage.at_least_once import AtLeastOnce
+from service.stage.guarantees.at_least_once import AtLeastOnce
 from service.stage.loop import Loop
 from service.stage.partition import Partition
 from service.stage.state import DeliveryFailed, Event
@@ -217,6 +217,7 @@ def test_a_delivery_failure_while_positioning_does_not_stop_the_partitions_commi
     loop, alo, partition, sent = alo_loop(consumer, retry_backoff_s=0.0)
     answer = threading.Event()
     loop.limits = SimpleNamespace(lookup=loop.limits.lookup,  # type: ignore[assignment]
+                                  forget=lambda: None,
                                   cluster=SimpleNamespace(
                                       committed_offset=lambda *a, **k: (answer.wait(10), 0)[1]))
     try:

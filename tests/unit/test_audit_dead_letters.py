@@ -8,14 +8,14 @@ from collections.abc import Callable
 
 import pytest
 
-from service.admin import UnknownTopicError
-from service.audit.ledger import PartitionLedger
-from service.audit.report import AuditReport
-from service.audit.run import _Audit
-from service.processing import OutputRefusedError, Produced, Result, process, refused
-from service.records import Output, Record, Transform
-from service.redrive.letters import Letter, parse
-from service.redrive.run import _marked
+from service.contract.processing import OutputRefusedError, Produced, Result, process, refused
+from service.contract.records import Output, Record, Transform
+from service.kafka.cluster import UnknownTopicError
+from service.tools.audit.ledger import PartitionLedger
+from service.tools.audit.report import AuditReport
+from service.tools.audit.run import _Audit
+from service.tools.redrive.letters import Letter, parse
+from service.tools.redrive.run import _marked
 
 INPUT = Record("in", 0, 0, 1000, b"k", b"v")
 

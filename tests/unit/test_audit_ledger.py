@@ -1,7 +1,7 @@
 """The audit's per-partition ledger: a few bytes per input offset, and every kind of
 finding it must report (or must not)."""
 
-from service.audit.ledger import Finding, PartitionLedger, digest
+from service.tools.audit.ledger import Finding, PartitionLedger, digest
 
 
 def outputs(*values: bytes) -> list[int]:

@@ -7,9 +7,9 @@ import pytest
 from service.backfill.config import Flags, build
 from service.backfill.specs import parse_sink, parse_source
 from service.backfill.topic_map import UnmappedTopicError
+from service.contract.processing import Produced, Result
+from service.contract.records import Record
 from service.errors import ConfigError
-from service.processing import Produced, Result
-from service.records import Record
 
 ENV = {"TXSTAGE_BOOTSTRAP_SERVERS": "b:9092", "TXSTAGE_TRANSFORM": "service.examples.square:square",
        "TXSTAGE_OUTPUT_TOPIC": "squares", "TXSTAGE_GROUP_ID": "orders-stage"}

@@ -6,12 +6,12 @@ from collections.abc import Iterable
 
 from service.backfill.parity import Output, Reconciled, compare, within_slices
 from service.backfill.plan import Slice
-from service.lineage import REDRIVEN
-from service.processing import Produced, process
-from service.records import Output as Emit
-from service.records import Record, Transform
-from service.redrive.letters import parse
-from service.redrive.run import _marked
+from service.contract.lineage import REDRIVEN
+from service.contract.processing import Produced, process
+from service.contract.records import Output as Emit
+from service.contract.records import Record, Transform
+from service.tools.redrive.letters import parse
+from service.tools.redrive.run import _marked
 
 
 def out(offset: int, idx: int = 0, *, topic: str = "out", value: bytes = b"v",

@@ -21,10 +21,10 @@ from service.backfill.slice_writer import (
     SliceTask,
     SliceWriter,
 )
-from service.delivery import DeliveryFailures, Failure
+from service.contract.processing import Produced, process
 from service.errors import AbortableError, FencedError, PoisonRecordError, Where
 from service.examples.square import square
-from service.processing import Produced, process
+from service.kafka.delivery import DeliveryFailures, Failure
 
 PIECE = Slice(3, "in", 1, 100, 200)
 TASK = SliceTask(PIECE, "job", "p.backfill.job.3", "progress", transaction_records=10,
@@ -41,7 +41,7 @@ def fenced() -> FencedError:
 
 
 class FakeProducer:
-    """Stands in for service.producer.PinnedProducer (same methods, same error classes)."""
+    """Stands in for service.kafka.producer.PinnedProducer (same methods, same error classes)."""
 
     transactional_id = TASK.transactional_id
 

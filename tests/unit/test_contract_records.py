@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from service.records import Output, Record
+from service.contract.records import Output, Record
 
 FIELDS = ("in", 3, 42, 1_700_000_000_000, b"k", b"v", (("h", b"1"),))
 

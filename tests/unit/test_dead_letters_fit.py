@@ -10,13 +10,14 @@ from __future__ import annotations
 from confluent_kafka import KafkaError, KafkaException
 
 from service import Record
-from service.deadletter import DROPPED, dropped_parts
-from service.errors import AbortableError, FatalError, Where, translate
+from service.contract.deadletter import DROPPED, dropped_parts
+from service.contract.processing import FRAMING_BYTES, OutputRefusedError, process, refused, size_of
+from service.contract.records import Output
+from service.errors import AbortableError, FatalError, Where
 from service.examples.square import square
-from service.processing import FRAMING_BYTES, OutputRefusedError, process, refused, size_of
-from service.records import Output
-from service.redrive.letters import parse
-from service.verify import _same
+from service.kafka.errors import translate
+from service.tools.redrive.letters import parse
+from service.tools.verify import _same
 
 LIMIT = 1_000_000
 BIG = Record("in", 0, 7, 1_700_000_000_000, b"k" * 20, b"x" * 999_700, (("trace", b"t" * 64),))

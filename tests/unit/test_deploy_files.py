@@ -22,9 +22,9 @@ from typing import Any
 import yaml
 from prometheus_client import CollectorRegistry
 
-from service.metrics import Metrics
+from service.contract.loading import load_transform
+from service.observability.metrics import Metrics
 from service.settings import FILE_SUFFIX, PASSTHROUGH_PREFIXES, Settings, load_settings
-from service.transform import load_transform
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -350,7 +350,7 @@ def test_kustomization_lists_existing_files_and_leaves_the_job_out() -> None:
 
 
 def test_the_audit_cronjob_runs_a_valid_audit_with_the_stage_settings_as_its_own_user() -> None:
-    from service.audit.cli import parser
+    from service.tools.audit.cli import parser
 
     job = k8s("audit-cronjob.yaml")["spec"]["jobTemplate"]["spec"]
     [audit] = job["template"]["spec"]["containers"]

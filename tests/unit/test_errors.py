@@ -3,16 +3,8 @@
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from service.errors import (
-    AbortableError,
-    FatalError,
-    FencedError,
-    RetriableError,
-    Where,
-    classify,
-    translate,
-    translated,
-)
+from service.errors import AbortableError, FatalError, FencedError, RetriableError, Where
+from service.kafka.errors import classify, translate, translated
 
 WHERE = Where("commit_transaction", "grp.in.3", "in", 3, 41)
 

@@ -8,11 +8,11 @@ import time
 from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
-from service.metrics import Metrics
-from service.processing import Produced
-from service.producer import PinnedProducer
+from service.contract.processing import Produced
+from service.kafka.producer import PinnedProducer
+from service.observability.metrics import Metrics
 from service.settings import load_settings
-from service.stage.exactly_once import ExactlyOnce
+from service.stage.guarantees.exactly_once import ExactlyOnce
 
 NOWHERE = "127.0.0.1:1"
 

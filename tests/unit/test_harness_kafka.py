@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from service.cache import cache_root
 from service.local_kafka import cli as local_cli
 from service.local_kafka import jars
+from service.local_kafka.cache import cache_root
 from service.local_kafka.errors import LocalKafkaError
 from service.local_kafka.node import free_ports
 from service.local_kafka.properties import broker_properties, kafka_uuid

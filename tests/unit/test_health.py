@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from service.health import Health, Server, publish_readiness, serve
-from service.metrics import Metrics
+from service.observability.health import Health, Server, publish_readiness, serve
+from service.observability.metrics import Metrics
 
 
 class FakeClock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from service.metrics import LATENCY_BUCKETS, HotHistogram
+from service.observability.metrics import LATENCY_BUCKETS, HotHistogram
 
 VALUES = (0.0, 0.0004, 0.001, 0.0010001, 0.003, 0.05, 0.1, 9.99, 10.0, 42.0)
 

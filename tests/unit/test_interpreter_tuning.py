@@ -1,4 +1,4 @@
-"""service/interpreter.py: the stage's and the backfill tasks' interpreter settings.
+"""service/observability/interpreter.py: the stage's and the backfill tasks' interpreter settings.
 
 Each check runs in a fresh interpreter: freezing the collector is process-wide."""
 
@@ -19,7 +19,7 @@ def _run(code: str) -> str:
 
 def test_tuning_freezes_what_start_up_made_and_collects_the_young_every_20000() -> None:
     out = _run("import gc\n"
-               "from service import interpreter\n"
+               "from service.observability import interpreter\n"
                "before = gc.get_threshold()[0]\n"
                "interpreter.tune_gc()\n"
                "print(before, gc.get_threshold()[0], gc.get_freeze_count() > 1000)")

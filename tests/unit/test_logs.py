@@ -13,7 +13,7 @@ import structlog
 from confluent_kafka import KafkaError
 from structlog.testing import capture_logs
 
-from service.logs import configure_logging, error_cb, librdkafka_logger
+from service.observability.logs import configure_logging, error_cb, librdkafka_logger
 
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, Message
 
+from service.contract.processing import Processed, Produced
 from service.errors import AbortableError, Where
-from service.processing import Processed, Produced
 from service.stage import state as sm
 from service.stage.loop import Loop
 from service.stage.partition import Partition, TopicPartitionKey

@@ -1,10 +1,10 @@
 """The stuck-LSO tracker and the producers' transaction-state collector: pure parts of
-service/lso_watch.py and service/txn_states.py."""
+service/observability/lso_watch.py and service/observability/txn_states.py."""
 
 import json
 
-from service.lso_watch import LsoTracker
-from service.txn_states import TransactionStates
+from service.observability.lso_watch import LsoTracker
+from service.observability.txn_states import TransactionStates
 
 KEY = ("output", "out", 1)
 

@@ -14,8 +14,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
-from service.metrics import HotHistogram, Metrics
-from service.txn_states import NAME, TransactionStates
+from service.observability.metrics import HotHistogram, Metrics
+from service.observability.txn_states import NAME, TransactionStates
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 START, END = "<!-- metrics:start -->", "<!-- metrics:end -->"

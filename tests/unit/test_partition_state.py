@@ -11,7 +11,6 @@ from dataclasses import replace
 import pytest
 from confluent_kafka import KafkaError
 
-from service.delivery import Failure
 from service.errors import (
     AbortableError,
     FatalError,
@@ -21,6 +20,7 @@ from service.errors import (
     RetriableError,
     Where,
 )
+from service.kafka.delivery import Failure
 from service.stage import state as sm
 from service.stage.state import Pause, Phase
 
@@ -594,7 +594,7 @@ def test_unknown_events_are_rejected() -> None:
 def test_group_moved_on_during_send_offsets_is_abortable_for_that_partition() -> None:
     from confluent_kafka import KafkaException
 
-    from service.errors import translate
+    from service.kafka.errors import translate
     for code in (KafkaError.STALE_MEMBER_EPOCH, KafkaError.ILLEGAL_GENERATION):
         error = translate(KafkaException(KafkaError(code, "moved on")),
                           Where("send_offsets_to_transaction", "tid", "in", 0))

@@ -8,18 +8,18 @@ from unittest.mock import create_autospec, patch
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from service import transaction
+from service.contract.processing import Produced
+from service.contract.records import Record
 from service.errors import AbortableError, FatalError, FencedError, RetriableError
-from service.processing import Produced
-from service.producer import PinnedProducer
-from service.records import Record
+from service.kafka import transaction
+from service.kafka.producer import PinnedProducer
 
 OUT = Produced("out", b"k", b"v", [])
 
 
 def pinned(*, connect_first: bool = False) -> tuple[PinnedProducer, Producer]:
     fake = create_autospec(Producer, instance=True)
-    with patch("service.producer.Producer", return_value=fake):
+    with patch("service.kafka.producer.Producer", return_value=fake):
         producer = PinnedProducer({"transactional.id": "g.in.0"}, "in", 0, deadline_s=0.2,
                                   connect_first=connect_first)
     return producer, fake

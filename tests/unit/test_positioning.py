@@ -27,15 +27,15 @@ from confluent_kafka import (
 )
 from prometheus_client import CollectorRegistry
 
-from service.admin import OutputLimits
+from service.contract.processing import Processed, Produced
 from service.errors import RetriableError, Where
 from service.examples.square import square
-from service.health import Health
-from service.metrics import Metrics
-from service.processing import Processed, Produced
+from service.kafka.cluster import OutputLimits
+from service.observability.health import Health
+from service.observability.metrics import Metrics
 from service.settings import load_settings
 from service.stage import state as sm
-from service.stage.committer import Committer
+from service.stage.guarantees.guarantee import Committer
 from service.stage.loop import Loop
 from service.stage.partition import Partition, TopicPartitionKey
 
@@ -103,7 +103,8 @@ def make_loop(consumer: ScriptedConsumer,
                               "TXSTAGE_INPUT_TOPICS": TOPIC, "TXSTAGE_OUTPUT_TOPIC": "out",
                               "TXSTAGE_TRANSFORM": "service.examples.square:square", **env})
     committer = RecordingCommitter()
-    limits = cast(OutputLimits, SimpleNamespace(lookup=lambda topic: 1_000_000))
+    limits = cast(OutputLimits,
+                  SimpleNamespace(lookup=lambda topic: 1_000_000, forget=lambda: None))
     loop = Loop(settings, square, Metrics(CollectorRegistry()), Health(), limits,
                 cast("object", consumer), cast(Committer, committer), POLICY)  # type: ignore[arg-type]
     partition = Partition(TOPIC, 0)

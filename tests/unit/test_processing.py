@@ -4,13 +4,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from service import Output, Record, lineage
-from service.deadletter import ERROR_CLASS, ERROR_OFFSET
+from service import Output, Record
+from service.contract import lineage
+from service.contract.deadletter import ERROR_CLASS, ERROR_OFFSET
+from service.contract.processing import process
 from service.errors import PoisonRecordError
 from service.examples.fanout import split_lines
 from service.examples.filter import evens
 from service.examples.square import square
-from service.processing import process
 
 RECORD = Record("in", 2, 40, 1_700_000_000_000, b"k", b"12", (("h", b"v"),))
 
@@ -85,8 +86,8 @@ def test_wrong_output_types_are_rejected() -> None:
 def test_a_cluster_failure_looking_up_a_limit_is_never_blamed_on_the_record() -> None:
     from unittest.mock import MagicMock
 
-    from service.admin import Cluster, OutputLimits
     from service.errors import KafkaOperationError
+    from service.kafka.cluster import Cluster, OutputLimits
 
     cluster = Cluster({"bootstrap.servers": "127.0.0.1:1"})
     future = MagicMock()
@@ -145,7 +146,7 @@ class _Topics:
         self.asked: list[str] = []
 
     def topic_config(self, topic: str) -> dict[str, str]:
-        from service.admin import UnknownTopicError
+        from service.kafka.cluster import UnknownTopicError
 
         self.asked.append(topic)
         if topic == "gone":
@@ -156,8 +157,8 @@ class _Topics:
 def test_output_limits_ask_once_per_topic_and_remember_an_unknown_one() -> None:
     from typing import cast
 
-    from service.admin import Cluster, OutputLimits, UnknownTopicError
     from service.errors import TopicLimitPending
+    from service.kafka.cluster import Cluster, OutputLimits, UnknownTopicError
 
     cluster = _Topics()
     limits = OutputLimits(cast(Cluster, cluster), 1_000_000)  # blocking: asks at once

@@ -3,10 +3,10 @@ stage wrote (its own code builds them here), and what is not a letter."""
 
 from __future__ import annotations
 
-from service.processing import OutputRefusedError, Produced, refused
-from service.records import Record
-from service.redrive.letters import Letter, parse
-from service.redrive.run import _marked
+from service.contract.processing import OutputRefusedError, Produced, refused
+from service.contract.records import Record
+from service.tools.redrive.letters import Letter, parse
+from service.tools.redrive.run import _marked
 
 
 def letter_of(record: Record) -> Produced:

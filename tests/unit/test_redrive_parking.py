@@ -13,13 +13,13 @@ from typing import cast
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from service.admin import UnknownTopicError
-from service.processing import Produced
-from service.producer import PinnedProducer
-from service.records import Output, Record
-from service.redrive import cli, letters, run
-from service.redrive.run import RedriveReport, _Writer
-from service.tool_cli import EXIT_CONFIG, run_tool
+from service.contract.processing import Produced
+from service.contract.records import Output, Record
+from service.kafka.cluster import UnknownTopicError
+from service.kafka.producer import PinnedProducer
+from service.tools.common import EXIT_CONFIG, run_tool
+from service.tools.redrive import cli, letters, run
+from service.tools.redrive.run import RedriveReport, _Writer
 from tests.unit.test_redrive_writer import MARKS, RefusingProducer, copy
 
 ATTEMPT = "txstage.redrive.attempt"

@@ -7,13 +7,13 @@ from typing import cast
 
 from confluent_kafka import KafkaError
 
-from service.delivery import Failure
+from service.contract.processing import Produced
+from service.contract.records import Output, Record
 from service.errors import AbortableError, Where
-from service.processing import Produced
-from service.producer import PinnedProducer
-from service.records import Output, Record
-from service.redrive import letters
-from service.redrive.run import RedriveReport, _Writer
+from service.kafka.delivery import Failure
+from service.kafka.producer import PinnedProducer
+from service.tools.redrive import letters
+from service.tools.redrive.run import RedriveReport, _Writer
 
 MARKS = "p.redrive.progress"
 

@@ -3,7 +3,7 @@
 import pytest
 
 from service.errors import ConfigError
-from service.kafka_config import consumer_config, producer_config, refused_configs
+from service.kafka.config import consumer_config, producer_config, refused_configs
 from service.settings import load_settings
 
 BASE = {

@@ -9,9 +9,9 @@ from unittest.mock import MagicMock
 import pytest
 from confluent_kafka import KafkaError
 
-from service.admin import Cluster
-from service.checks import check_cluster
 from service.errors import ConfigError, RetriableError, Where
+from service.kafka.cluster import Cluster
+from service.preflight import check_cluster
 from service.settings import load_settings
 
 SETTINGS = load_settings({

@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from service import Output, Record
 from service.examples.square import square
-from service.health import Health
+from service.observability.health import Health
 from service.stage import state as sm
 from service.stage.loop import Loop
 from service.stage.partition import Partition

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError
 
-from service.audit import cli as audit_cli
-from service.errors import DeniedError, Where
-from service.redrive import cli as redrive_cli
-from service.tool_cli import EXIT_CONFIG, run_tool
+from service.errors import Where
+from service.kafka.errors import DeniedError
+from service.tools.audit import cli as audit_cli
+from service.tools.common import EXIT_CONFIG, run_tool
+from service.tools.redrive import cli as redrive_cli
 
 ENV = {"TXSTAGE_BOOTSTRAP_SERVERS": "127.0.0.1:1", "TXSTAGE_GROUP_ID": "g",
        "TXSTAGE_INPUT_TOPICS": "in", "TXSTAGE_OUTPUT_TOPIC": "out",

@@ -1,8 +1,8 @@
 import pytest
 
+from service.contract.loading import load_transform
 from service.errors import ConfigError
 from service.examples.square import square
-from service.transform import load_transform
 
 
 def test_loads_module_function() -> None:

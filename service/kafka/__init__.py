@@ -1,0 +1,11 @@
+"""The librdkafka boundary: the only package that catches KafkaException.
+
+    errors.py       KafkaException -> the txstage error that says what to do
+    config.py       Settings -> librdkafka configuration dicts
+    producer.py     PinnedProducer: the only class that drives a transactional producer
+    transaction.py  the commit: send_offsets_to_transaction + commit_transaction
+    delivery.py     failed deliveries, recorded by callbacks that never raise
+    messages.py     a consumed Message -> Record
+    cluster.py      facts about the cluster: topics, their limits, committed offsets
+    reading.py      reading back: committed offsets, end offsets, records
+"""

@@ -1,0 +1,172 @@
+"""Settings → librdkafka configuration dicts: the only place client configs are built.
+
+The exactly-once properties are applied last, after any pass-through, so nothing
+can override them (settings.py also rejects attempts with a clear error).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer
+from pydantic import SecretStr
+
+from service.kafka.errors import kafka_error
+from service.settings import Settings
+
+Config = dict[str, Any]
+
+# Once a consumer's prefetched records reach queued.max.messages.kbytes (64 MB: 64k
+# records of 1 KB) or a partition's reach queued.min.messages (100k), librdkafka stops
+# fetching that partition for fetch.queue.backoff.ms. Its default, 1 s, is longer than
+# a reader takes to work through that much, so every reader stood idle part of each
+# second: the stage's input consumer (and the bare loop) was capped near 70k records/s
+# of 1 KB whatever the stage cost (docs/benchmarks.md, "The consumer's fetch backoff"),
+# and so were the operator tools' and the verifier's read_committed readers.
+FETCH_QUEUE_BACKOFF_MS = 20
+
+
+def _plain(props: Mapping[str, SecretStr]) -> dict[str, str]:
+    return {name: value.get_secret_value() for name, value in props.items()}
+
+
+def client_id(settings: Settings, role: str) -> str:
+    return f"txstage-{settings.group_id}-{role}-{socket.gethostname()}-{os.getpid()}"
+
+
+def consumer_config(settings: Settings) -> Config:
+    """The input consumer: a group member that only ever sees committed input.
+
+    Classic protocol: cooperative-sticky (incremental: only moved partitions lose
+    their producers) and a client-side session. Next-generation protocol
+    (KIP-848): the broker assigns incrementally and owns the session and
+    heartbeat settings, which librdkafka then refuses."""
+    classic = settings.group_protocol == "classic"
+    config: Config = {
+        "auto.offset.reset": "earliest",
+        # The end of each partition, reported once per reaching it: the lag gauge's
+        # end past commit markers (Loop._consume_error).
+        "enable.partition.eof": True,
+        **(_classic_session(settings) if classic else {}),
+        "max.poll.interval.ms": 300_000,
+        "fetch.wait.max.ms": 100,
+        "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+        "client.id": client_id(settings, "consumer"),
+        **_plain(settings.kafka),
+        **_plain(settings.consumer),
+        "bootstrap.servers": settings.bootstrap_servers,
+        "group.id": settings.group_id,
+        "group.protocol": settings.group_protocol,
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+    }
+    if classic:
+        config["partition.assignment.strategy"] = "cooperative-sticky"
+    return config
+
+
+def _classic_session(settings: Settings) -> Config:
+    """The session timeout (45 s unless set) and a heartbeat of a tenth of it, at most
+    librdkafka's 3 s. A dead member is noticed a session time-out after its last
+    heartbeat, and the survivors learn of the rebalance at their next heartbeat: a
+    3 s heartbeat under a 10 s session added up to 3 s to every fail-over."""
+    set_ms = settings.consumer.get("session.timeout.ms") or settings.kafka.get("session.timeout.ms")
+    text = set_ms.get_secret_value().strip() if set_ms is not None else "45000"
+    if not text.isdigit():
+        return {}  # librdkafka refuses it, naming the property
+    session_ms = int(text)
+    return {"session.timeout.ms": session_ms,
+            "heartbeat.interval.ms": max(100, min(3_000, session_ms // 10))}
+
+
+# A transactional producer never re-bootstraps (librdkafka's default does, once every
+# broker it knows is down, e.g. while the only broker restarts). Re-bootstrapping
+# decommissions the brokers it knew, and the group coordinator it cached may be one
+# of them: a send_offsets_to_transaction begun then waits for that dead broker to
+# come up and never returns, whatever its timeout (librdkafka #5511 and #5456, open
+# in 2.16; seen as commits stuck until the stuck-call watchdog replaced the
+# producer). Restarted or replaced brokers keep their addresses (or DNS names),
+# which the producer reconnects to. An operator can still set it back.
+#
+# A pinned producer sends one partition's outputs, a small share of the replica's: with
+# librdkafka's 5 ms linger each of them sent a request every few milliseconds, and the
+# broker's work per record was about 1.5 times at-least-once's (one shared producer,
+# requests for every partition at once). Its outputs are read only once committed,
+# and commit_transaction flushes at once whatever the linger, so lingering 50 ms
+# delays nothing a read_committed reader sees. Measured (docs/benchmarks.md, "Pinned
+# producers linger 50 ms"): broker and process CPU per record 5-25 % lower at 4, 8 and
+# 64 partitions; throughput level or higher; end-to-end p99 unchanged.
+_TRANSACTIONAL_DEFAULTS: Config = {"metadata.recovery.strategy": "none", "linger.ms": 50}
+
+
+def producer_config(settings: Settings, transactional_id: str | None) -> Config:
+    """A producer: pinned and transactional when ``transactional_id`` is given,
+    otherwise the shared idempotent producer of at-least-once mode."""
+    config: Config = {
+        "acks": "all",
+        # At-least-once's shared producer: 20 ms rather than librdkafka's 5 fills
+        # batches four times fuller at the same rate, so the broker does 30-40 % less
+        # work per record; outputs are visible up to 15 ms later (docs/benchmarks.md,
+        # "At-least-once's producer lingers 20 ms"). Pinned producers: 50
+        # (_TRANSACTIONAL_DEFAULTS).
+        "linger.ms": 20,
+        # murmur2 like the Java client, so keys land where Kafka Streams and
+        # Java producers would put them.
+        "partitioner": "murmur2_random",
+        # Back-to-back transactions meet CONCURRENT_TRANSACTIONS while the
+        # previous one's markers are written; the 100 ms default backoff would
+        # cap a partition at a few commits a second.
+        "retry.backoff.ms": 10,
+        "client.id": client_id(settings, "producer"),
+        **(_TRANSACTIONAL_DEFAULTS if transactional_id is not None else {}),
+        **_plain(settings.kafka),
+        **_plain(settings.producer),
+        "bootstrap.servers": settings.bootstrap_servers,
+        "enable.idempotence": True,
+    }
+    if transactional_id is not None:
+        config["transactional.id"] = transactional_id
+        config["transaction.timeout.ms"] = settings.transaction_timeout_ms
+    return config
+
+
+def admin_config(settings: Settings) -> Config:
+    return {
+        **_plain(settings.kafka),
+        "bootstrap.servers": settings.bootstrap_servers,
+        "client.id": client_id(settings, "admin"),
+    }
+
+
+def refused_configs(settings: Settings) -> list[str]:
+    """What librdkafka refuses in the clients these settings make, one problem per
+    client, naming the property as librdkafka does. Settings pass their own checks
+    and can still combine into a configuration librdkafka will not take (say
+    ``message.timeout.ms`` above ``transaction.timeout.ms``): found here, at start-up,
+    they exit 2 instead of failing with a traceback when the first producer is made.
+    The probe clients are created and closed at once (no request is waited for)."""
+    quiet: Config = {"log_level": 0, "error_cb": lambda error: None}
+    sample = settings.transactional_id(settings.input_topics[0], 0) \
+        if settings.exactly_once else None
+    problems = []
+    role = "pinned producer" if sample is not None else "producer"
+    try:
+        Producer({**producer_config(settings, sample), **quiet}).flush(0)
+    except KafkaException as exc:
+        problems.append(f"librdkafka refuses the {role} configuration: {_reason(exc)} "
+                        "(TXSTAGE_KAFKA__*, TXSTAGE_PRODUCER__*)")
+    try:
+        Consumer({**consumer_config(settings), **quiet}).close()
+    except KafkaException as exc:
+        problems.append(f"librdkafka refuses the consumer configuration: {_reason(exc)} "
+                        "(TXSTAGE_KAFKA__*, TXSTAGE_CONSUMER__*)")
+    return problems
+
+
+def _reason(exc: KafkaException) -> str:
+    error = kafka_error(exc)
+    return error.str() if error is not None else str(exc)

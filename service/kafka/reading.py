@@ -1,0 +1,194 @@
+"""Kafka reads of fixed windows, streamed (no record is kept), read_committed: what
+``txstage audit`` and ``txstage redrive`` read with.
+
+Every function takes the librdkafka client properties (the stage's settings; the
+credentials are the audit's own principal, docs/security.md) and raises KafkaException
+on failure, PermissionError naming what the principal lacks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec
+
+from service.kafka.config import FETCH_QUEUE_BACKOFF_MS
+from service.kafka.errors import kafka_error
+
+Partition = tuple[str, int]
+Config = Mapping[str, Any]
+EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+
+
+_DENIED = {KafkaError.TOPIC_AUTHORIZATION_FAILED: "READ on topic",
+           KafkaError.GROUP_AUTHORIZATION_FAILED: "DESCRIBE on group"}
+
+
+def partitions(config: Config, topics: Iterable[str]) -> list[Partition]:
+    """Every partition of ``topics``; LookupError names a topic that does not exist."""
+    admin = AdminClient(dict(config))
+    found: list[Partition] = []
+    for topic in topics:
+        # One topic at a time: a listing of all topics leaves out, silently, those this
+        # principal may not describe; asked by name, the broker says it is denied.
+        described = admin.list_topics(topic, timeout=15).topics.get(topic)
+        error = None if described is None else described.error
+        if error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise PermissionError(f"missing permission: READ on topic `{topic}`")
+        if described is None or error is not None:
+            raise LookupError(f"topic {topic!r} does not exist")
+        found += [(topic, p) for p in sorted(described.partitions)]
+    return found
+
+
+def _denied(exc: KafkaException, name: str) -> Exception:
+    error = kafka_error(exc)
+    if error is not None and error.code() in _DENIED:
+        return PermissionError(f"missing permission: {_DENIED[error.code()]} `{name}`")
+    return exc
+
+
+def list_offsets(config: Config, wanted: Iterable[Partition], spec: OffsetSpec,
+                 isolation: IsolationLevel = IsolationLevel.READ_COMMITTED
+                 ) -> dict[Partition, int]:
+    """``spec`` offsets: latest + READ_COMMITTED is the last stable offset, latest +
+    READ_UNCOMMITTED the high watermark."""
+    request = {TopicPartition(t, p): spec for t, p in wanted}
+    if not request:
+        return {}
+    admin = AdminClient(dict(config))  # kept until the results are in: they die with it
+    futures = admin.list_offsets(request, isolation_level=isolation, request_timeout=30)
+    return {(tp.topic, tp.partition): future.result(60).offset
+            for tp, future in futures.items()}
+
+
+def offsets_for_time(config: Config, wanted: Iterable[Partition], ms: int
+                     ) -> dict[Partition, int]:
+    """The first offset at or after timestamp ``ms`` (the end offset if none)."""
+    found = list_offsets(config, wanted, OffsetSpec.for_timestamp(ms))
+    ends = list_offsets(config, [k for k, v in found.items() if v < 0], LATEST)
+    return {k: (ends[k] if v < 0 else v) for k, v in found.items()}
+
+
+_UNSTABLE_RETRY_S = 0.1  # between asks while a transaction holds a partition's offsets
+
+
+def group_reader(config: Config, group_id: str, *, stable: bool = True) -> Consumer:
+    """A consumer of the group that never joins it: it only asks for committed offsets.
+    ``stable`` (read_committed) sends RequireStable, so an offset an open transaction
+    holds is answered UNSTABLE_OFFSET_COMMIT, never stale.
+
+    Not the AdminClient: librdkafka answers NOT_COORDINATOR to an admin
+    ListConsumerGroupOffsets by poking a consumer group the admin client does not
+    have, and the process dies with SIGSEGV (librdkafka#5040) when the group
+    coordinator moves (a broker restarts or pauses)."""
+    return Consumer({**config, "group.id": group_id, "enable.auto.commit": False,
+                     "isolation.level": "read_committed" if stable else "read_uncommitted"})
+
+
+def committed(config: Config, group_id: str, wanted: Iterable[Partition], *,
+              timeout_s: float = 60.0) -> dict[Partition, int]:
+    """The group's committed offsets (stable ones); -1001 where none. A partition whose
+    offsets an open transaction holds is asked again (a running exactly-once stage has
+    one open most of the time) until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    consumer = group_reader(config, group_id)
+    found: dict[Partition, int] = {}
+    pending = list(wanted)
+    try:
+        while pending:
+            unstable = []
+            for key, (offset, error) in _committed(consumer, group_id, pending,
+                                                   deadline).items():
+                if error is None:
+                    found[key] = offset
+                elif error.code() == KafkaError.UNSTABLE_OFFSET_COMMIT and \
+                        time.monotonic() < deadline:
+                    unstable.append(key)
+                else:
+                    raise _denied(KafkaException(error), group_id)
+            pending = unstable
+            if pending:
+                time.sleep(_UNSTABLE_RETRY_S)
+    finally:
+        consumer.close()
+    return found
+
+
+def _committed(consumer: Consumer, group_id: str, wanted: list[Partition], deadline: float
+               ) -> dict[Partition, tuple[int, KafkaError | None]]:
+    timeout = max(1.0, deadline - time.monotonic())
+    try:
+        answer = consumer.committed([TopicPartition(t, p) for t, p in wanted], timeout=timeout)
+    except KafkaException as exc:
+        error = kafka_error(exc)
+        if error is not None and error.code() == KafkaError.UNSTABLE_OFFSET_COMMIT:
+            return {key: (-1, error) for key in wanted}
+        raise _denied(exc, group_id) from exc
+    return {(tp.topic, tp.partition): (tp.offset, tp.error) for tp in answer}
+
+
+def read(config: Config, group_id: str, windows: Mapping[Partition, tuple[int, int]],
+         on_message: Callable[[Message], None], *, timeout_s: float) -> int:
+    """Call ``on_message`` for every record of each partition's ``[start, end)``, read
+    read_committed; returns how many. A partition is done once a record at or past
+    ``end - 1`` arrived or the read reached its end; TimeoutError names those that did
+    not within ``timeout_s`` (a hanging transaction below ``end``).
+
+    ``group_id`` names the consumer (the Python client wants one); it never joins or
+    commits, and needs no ACL on that group (tested without one)."""
+    todo = {k: (s, e) for k, (s, e) in windows.items() if e > s}
+    if not todo:
+        return 0
+    consumer = Consumer({"fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+                         **config, "group.id": group_id, "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "auto.offset.reset": "earliest"})
+    count = 0
+    deadline = time.monotonic() + timeout_s
+    try:
+        consumer.assign([TopicPartition(t, p, s) for (t, p), (s, _) in todo.items()])
+        while todo:
+            if time.monotonic() > deadline:
+                raise TimeoutError("read_committed did not reach the end of "
+                                   + ", ".join(f"{t}/{p} ({e})" for (t, p), (_, e) in todo.items()))
+            done: list[Partition] = []
+            for msg in consumer.consume(10_000, 0.5):
+                key = (str(msg.topic()), int(msg.partition() or 0))
+                window = todo.get(key)
+                if window is None:
+                    continue
+                offset = int(msg.offset() or 0)
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF and offset >= window[1]:
+                        done.append(key)
+                    elif error.code() in _DENIED:
+                        raise PermissionError(f"missing permission: {_DENIED[error.code()]} "
+                                              f"`{key[0]}`")
+                    elif error.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(f"reading {key[0]}/{key[1]}: {error.str()}")
+                    continue
+                if offset < window[1]:
+                    on_message(msg)
+                    count += 1
+                if offset >= window[1] - 1:
+                    done.append(key)
+            for key in done:
+                if todo.pop(key, None) is not None:
+                    consumer.pause([TopicPartition(*key)])
+    finally:
+        consumer.close()
+    return count

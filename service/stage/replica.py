@@ -1,0 +1,165 @@
+"""One replica: a consumer, a guarantee, the loop and the listener, wired."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import structlog
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from service.contract.records import Transform
+from service.errors import FatalError, Where
+from service.kafka.cluster import OutputLimits
+from service.kafka.config import consumer_config
+from service.observability.health import Health
+from service.observability.logs import librdkafka_logger
+from service.observability.metrics import Metrics
+from service.settings import Settings
+from service.stage.guarantees.at_least_once import AtLeastOnce
+from service.stage.guarantees.exactly_once import ExactlyOnce
+from service.stage.guarantees.guarantee import Committer
+from service.stage.loop import Loop
+from service.stage.rebalance import RebalanceListener
+from service.stage.shutdown import Watchdog
+from service.stage.state import Policy
+
+log = structlog.get_logger(__name__)
+
+OffsetsCommitted = Callable[[KafkaError | None, list[TopicPartition]], None]
+
+_MAX_ABORT_STREAK = 10  # a failed delivery often costs two aborts (failure, epoch bump)
+
+
+class Stage:
+    """One replica: a consumer, a committer, the loop and the listener, wired."""
+
+    def __init__(self, settings: Settings, transform: Transform, metrics: Metrics,
+                 health: Health, limits: OutputLimits, *, session_timeout_s: float) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.health = health
+        self.stopping = False
+        self._deadline: float | None = None
+        self._leaving = threading.Lock()
+        self.consumer = Consumer({**consumer_config(settings), "error_cb": self._on_client_error,
+                                  "on_commit": self._on_commit,
+                                  "logger": librdkafka_logger("consumer")})
+        committer: Committer
+        self._offsets_committed: OffsetsCommitted | None = None  # at-least-once only
+        if settings.exactly_once:
+            committer = ExactlyOnce(settings, metrics)
+        else:
+            committer = AtLeastOnce(settings, metrics, self._commit_offsets)
+            self._offsets_committed = committer.offsets_committed
+        self.committer = committer
+        policy = Policy(
+            commit_interval_s=settings.commit_interval_ms / 1000,
+            commit_max_records=settings.commit_max_records,
+            max_abort_streak=_MAX_ABORT_STREAK,
+            retry_backoff_s=settings.retry_backoff_ms / 1000,
+            max_record_attempts=settings.max_record_attempts,
+            reclaim_after_s=session_timeout_s,
+            transaction_timeout_s=settings.transaction_timeout_ms / 1000,
+            # Past the deadline every Kafka call of a commit or an abort is given
+            # (ExactlyOnce: the transaction timeout + 30 s), with a margin.
+            stuck_after_s=settings.transaction_timeout_ms / 1000 + 40,
+            renew_after_abort=settings.exactly_once,  # at-least-once shares one producer
+            commits_deferred=not settings.exactly_once,  # at-least-once seals windows
+        )
+        self.loop = Loop(settings, transform, metrics, health, limits, self.consumer, committer,
+                         policy)
+        # A revoke waits this long for commits in flight (the group waits with it).
+        self.listener = RebalanceListener(self.loop, metrics, health,
+                                          release_s=min(settings.shutdown_timeout_s, 10.0))
+        self.watchdog = Watchdog(self._leave_group)
+
+    def run(self) -> None:
+        """Process until ``stop()``; then commit what is open and leave the group."""
+        self.consumer.subscribe(list(self.settings.input_topics),
+                                on_assign=self.listener.on_assign,
+                                on_revoke=self.listener.on_revoke,
+                                on_lost=self.listener.on_lost)
+        log.info("stage.started", topics=list(self.settings.input_topics),
+                 guarantee=self.settings.guarantee, group_id=self.settings.group_id,
+                 group_protocol=self.settings.group_protocol)
+        try:
+            while not self.stopping:
+                self.loop.iterate()
+        except BaseException:
+            self._close(dirty=True)
+            raise
+        self._close(dirty=False)
+
+    def stop(self) -> None:
+        """Ask the loop to finish after the record being transformed (signal-handler
+        safe); the shutdown budget starts now."""
+        if not self.stopping:
+            self.stopping = True
+            self.loop.interrupt()
+            self._deadline = time.monotonic() + self.settings.shutdown_timeout_s
+            self.watchdog.arm(self.settings.shutdown_timeout_s, exit_code=0)
+
+    def _close(self, *, dirty: bool) -> None:
+        """Within the budget: let work in flight end, commit what is healthy (dirty:
+        abort everything, commit nothing), close the producers, leave the group."""
+        budget = self.settings.shutdown_timeout_s
+        deadline = self._deadline or time.monotonic() + budget
+        self.watchdog.arm(deadline - time.monotonic(), exit_code=1 if dirty else 0)
+        loop = self.loop
+        open_transactions = sum(1 for p in loop.partitions.values() if p.state.txn)
+        if dirty:
+            log.error("stage.failing", open_transactions=open_transactions)
+        else:
+            log.info("stage.stopping", open_transactions=open_transactions)
+        try:
+            keys = list(loop.partitions)
+            tps = [TopicPartition(topic, partition) for topic, partition in keys]
+            self.listener.release(tps, lost=dirty, reason="shutdown", deadline=deadline)
+        finally:
+            self._leave_group()
+            self.committer.shutdown(max(deadline - time.monotonic(), 0.0))
+            loop.jobs.shutdown()
+            self.health.joined(False)
+            self.watchdog.disarm()
+        log.info("stage.stopped")
+
+    def _leave_group(self) -> None:
+        with self._leaving:
+            if self.watchdog.left.is_set():
+                return
+            self.watchdog.left.set()
+            self.listener.abandoning = True  # everything was released already (or given up)
+            try:
+                self.consumer.close()
+            except Exception as exc:
+                log.warning("consumer.close_failed", error=str(exc))
+
+    def _commit_offsets(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
+        if asynchronous:
+            self.consumer.commit(offsets=offsets, asynchronous=True)
+        else:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+
+    def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """Result of an at-least-once offset commit, served by the consumer's poll on
+        the loop thread; never raises. A failed commit loses nothing: the committer
+        sends it again (or a newer one), or the next owner processes those records
+        again."""
+        failed = [tp for tp in partitions if tp.error is not None]
+        first = error or (failed[0].error if failed else None)
+        if first is not None:
+            self.metrics.kafka_errors.labels(op="commit_offsets", action="retry").inc()
+            log.warning("offsets.commit_failed", code=first.name(), error=first.str(),
+                        partitions=[f"{tp.topic}[{tp.partition}]@{tp.offset}"
+                                    for tp in (partitions if error else failed)])
+        if self._offsets_committed is not None:
+            self._offsets_committed(error, partitions)
+
+    def _on_client_error(self, error: KafkaError) -> None:
+        """error_cb, on a librdkafka thread: log, and record a fatal error. Never raises."""
+        log.warning("kafka.client_error", code=error.name(), error=error.str(),
+                    fatal=error.fatal())
+        if error.fatal():
+            self.loop.recorded.append(FatalError(Where("consumer"), error))

@@ -1,0 +1,47 @@
+"""What the operator tools' commands (``txstage audit``, ``txstage redrive``) share: how a
+failure becomes one line on stderr and an exit code."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from confluent_kafka import KafkaException
+
+from service.errors import ConfigError, KafkaOperationError
+from service.kafka.config import refused_configs
+from service.kafka.errors import DeniedError
+from service.settings import Settings, load_settings
+
+EXIT_CONFIG, EXIT_UNFINISHED = 2, 4
+
+
+def tool_settings() -> Settings:
+    """The stage's settings, checked as ``txstage run`` checks them: also what
+    librdkafka would refuse in its clients (else a tool failed making its first
+    client, "could not finish", exit 4)."""
+    settings = load_settings()
+    refused = refused_configs(settings)
+    if refused:
+        raise ConfigError(*refused)
+    return settings
+
+
+def run_tool(name: str, body: Callable[[], int], *, unfinished_hint: str = "") -> int:
+    """``body()``'s exit code; bad settings, an unknown topic or a missing permission
+    exit 2 naming it, a cluster failure or a time-out 4."""
+    try:
+        return body()
+    except DeniedError as exc:  # before KafkaOperationError: a permission, not the cluster
+        print(f"txstage {name}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"txstage {name}: config error: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (LookupError, PermissionError) as exc:
+        print(f"txstage {name}: {exc.args[0]}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (KafkaException, KafkaOperationError, TimeoutError, RuntimeError) as exc:
+        print(f"txstage {name}: could not finish{unfinished_hint}: {exc}", file=sys.stderr)
+        return EXIT_UNFINISHED

@@ -1,0 +1,227 @@
+"""Checking exactly-once from the outside, by lineage (DESIGN.md §8).
+
+After a run has settled: read the outputs ``read_committed`` and compare them
+with what the transform makes of the committed input:
+
+- V1 no two outputs share (``txstage.src``, ``txstage.idx``)
+- V2 every input below the group's committed offsets has all its outputs, and
+  the committed offsets reach the input's end offsets
+- V3 per output partition, the source offsets of each input partition increase
+- V4 nothing else is visible (no output of an aborted attempt)
+- V5 no transaction is left open: reading ``read_committed`` reaches the high
+  watermark of every output partition (a hanging transaction holds the last
+  stable offset below it)
+
+Used by the test suite, the chaos campaign, the benchmarks and ``txstage backfill verify``
+(``service/backfill/parity.py``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from service.contract import lineage
+from service.contract.deadletter import dropped_parts
+from service.contract.processing import Produced, process
+from service.contract.records import Record, Transform
+from service.kafka.config import FETCH_QUEUE_BACKOFF_MS
+from service.kafka.messages import to_record
+
+Key = tuple[str, int]  # (txstage.src, txstage.idx)
+
+
+class HangingTransactionError(TimeoutError):
+    """read_committed could not reach the end of a partition: a transaction is open (V5)."""
+
+
+def read_topics(bootstrap: str, topics: Iterable[str], *, isolation: str = "read_committed",
+                timeout_s: float = 60.0) -> list[Record]:
+    """Every record of ``topics`` from the beginning to the end, in partition order.
+
+    Raises HangingTransactionError if read_committed cannot reach a partition's
+    high watermark within ``timeout_s``.
+    """
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"txstage-verify-{uuid.uuid4().hex}",
+        "isolation.level": isolation, "enable.auto.commit": False,
+        "enable.partition.eof": True, "auto.offset.reset": "earliest",
+        # Watermark queries queue behind an in-flight fetch: keep fetches short.
+        "fetch.wait.max.ms": 10,
+        "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+    })
+    try:
+        return _read_to_end(consumer, _partitions(consumer, topics), timeout_s)
+    finally:
+        consumer.close()
+
+
+def _partitions(consumer: Consumer, topics: Iterable[str]) -> list[TopicPartition]:
+    metadata = consumer.list_topics(timeout=15)
+    found = []
+    for topic in topics:
+        if topic not in metadata.topics:
+            raise LookupError(f"topic {topic!r} does not exist")
+        found += [TopicPartition(topic, p, 0) for p in metadata.topics[topic].partitions]
+    return found
+
+
+def _read_to_end(consumer: Consumer, partitions: list[TopicPartition],
+                 timeout_s: float) -> list[Record]:
+    consumer.assign(partitions)
+    records: list[Record] = []
+    reached: dict[Key, int] = {}
+    deadline = time.monotonic() + timeout_s
+    wanted = {(tp.topic, tp.partition) for tp in partitions}
+    while True:
+        # Watermarks cost a round trip each: ask only once every partition hit its end.
+        if wanted <= reached.keys() or time.monotonic() > deadline:
+            high = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=10)[1]
+                    for tp in partitions}
+            if all(reached.get(k, 0 if h == 0 else -1) >= h for k, h in high.items()):
+                return records
+        if time.monotonic() > deadline:
+            behind = {f"{t}/{p}": (reached.get((t, p)), h) for (t, p), h in high.items()
+                      if reached.get((t, p), -1) < h}
+            raise HangingTransactionError(f"read_committed stuck below the high watermark "
+                                          f"(reached, high): {behind}")
+        for msg in consumer.consume(10_000, 0.2):
+            error = msg.error()
+            key = (str(msg.topic()), int(msg.partition() or 0))
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                reached[key] = int(msg.offset() or 0)
+            elif error is None:
+                records.append(to_record(msg))
+
+
+def committed_offsets(bootstrap: str, group_id: str, topics: Iterable[str]) -> dict[Key, int]:
+    """The group's committed offset per input partition (-1001 when none)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id,
+                         "enable.auto.commit": False})
+    try:
+        tps = _partitions(consumer, topics)
+        return {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(tps, timeout=15)}
+    finally:
+        consumer.close()
+
+
+def end_offsets(bootstrap: str, topics: Iterable[str]) -> dict[Key, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "txstage-verify-ends"})
+    try:
+        return {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=10)[1]
+                for tp in _partitions(consumer, topics)}
+    finally:
+        consumer.close()
+
+
+@dataclass
+class Report:
+    expected: int = 0
+    found: int = 0
+    duplicates: list[Key] = field(default_factory=list)
+    missing: list[Key] = field(default_factory=list)
+    unexpected: list[Key] = field(default_factory=list)
+    mismatched: list[Key] = field(default_factory=list)
+    out_of_order: list[str] = field(default_factory=list)
+    behind: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def problems(self) -> list[str]:
+        checks: list[tuple[str, list[Any]]] = [
+                  ("V1 duplicated outputs", self.duplicates), ("V2 missing outputs", self.missing),
+                  ("V2 committed offsets behind the input end", list(self.behind.items())),
+                  ("V3 out of order", self.out_of_order),
+                  ("V4 unexpected outputs", self.unexpected),
+                  ("outputs that differ from the transform's", self.mismatched)]
+        return [f"{name}: {len(items)}, e.g. {items[:5]}" for name, items in checks if items]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems()
+
+
+def expected_outputs(inputs: Iterable[Record], transform: Transform, *, default_topic: str,
+                     dlq_topic: str | None) -> dict[Key, Produced]:
+    """What the stage must have written for ``inputs``, keyed by lineage."""
+    expected: dict[Key, Produced] = {}
+    for record in inputs:
+        result = process(transform, record, default_topic=default_topic, dlq_topic=dlq_topic,
+                         max_bytes=_unlimited)
+        for index, out in enumerate(result.outputs):
+            expected[(lineage.source_of(record.topic, record.partition, record.offset).decode(),
+                      index)] = out
+    return expected
+
+
+def _unlimited(topic: str) -> int:
+    return 1 << 62
+
+
+def compare(outputs: Iterable[Record], expected: dict[Key, Produced]) -> Report:
+    """V1, V2 (outputs), V3, V4 and content, from outputs read read_committed."""
+    report = Report(expected=len(expected))
+    seen: dict[Key, Record] = {}
+    last: dict[tuple[str, int, str, int], int] = defaultdict(lambda: -1)
+    for out in outputs:
+        report.found += 1
+        tag = lineage.read(out.headers)
+        if tag is None:
+            report.unexpected.append((f"{out.topic}/{out.partition}@{out.offset}", -1))
+            continue
+        key = (f"{tag.topic}/{tag.partition}/{tag.offset}", tag.idx)
+        if key in seen:
+            report.duplicates.append(key)
+            continue
+        seen[key] = out
+        order = (out.topic, out.partition, tag.topic, tag.partition)
+        if tag.offset < last[order]:
+            report.out_of_order.append(f"{out.topic}/{out.partition}@{out.offset} <- {key[0]}")
+        last[order] = max(last[order], tag.offset)
+        want = expected.get(key)
+        if want is None:
+            report.unexpected.append(key)
+        elif not _same(want, out):
+            report.mismatched.append(key)
+    report.missing = [key for key in expected if key not in seen]
+    return report
+
+
+def _same(want: Produced, out: Record) -> bool:
+    """The output is what the transform makes; a dead letter cut to fit its topic
+    (deadletter.DROPPED) is compared without the parts it left out."""
+    key, value = want.key, want.value
+    dropped = dropped_parts(out.headers)
+    if dropped:
+        key = None if "key" in dropped else key
+        value = None if "value" in dropped else value
+    return (want.topic, key, value) == (out.topic, out.key, out.value)
+
+
+def verify(bootstrap: str, *, input_topics: list[str], output_topics: list[str],
+           group_id: str, transform: Transform, default_topic: str, dlq_topic: str | None = None,
+           timeout_s: float = 60.0, since: Callable[[Record], bool] | None = None) -> Report:
+    """Read inputs and outputs read_committed, and check V1-V5 against ``transform``."""
+    inputs = read_topics(bootstrap, input_topics, timeout_s=timeout_s)
+    last: dict[tuple[str, int], int] = {}  # each partition's last committed record
+    for record in inputs:
+        key = (record.topic, record.partition)
+        last[key] = max(last.get(key, -1), record.offset)
+    if since is not None:
+        inputs = [r for r in inputs if since(r)]
+    expected = expected_outputs(inputs, transform, default_topic=default_topic,
+                                dlq_topic=dlq_topic)
+    report = compare(read_topics(bootstrap, output_topics, timeout_s=timeout_s), expected)
+    # Behind: a committed record at or past the committed offset. Not "below the end
+    # offset": with transactional input the end is one past a commit marker, an offset
+    # no read_committed reader is given, and a group that read everything commits the
+    # marker's offset.
+    ends = end_offsets(bootstrap, input_topics)
+    for key, committed in committed_offsets(bootstrap, group_id, input_topics).items():
+        if key in last and committed <= last[key]:  # an empty partition has nothing to commit
+            report.behind[f"{key[0]}/{key[1]}"] = (committed, ends[key])
+    return report
