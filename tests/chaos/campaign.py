@@ -8,7 +8,7 @@
    the checks past it.
 2. Feed unique, ordered records (value = sequence number, key ``k<i mod 64>``, always
    the same input partition per key) at a steady rate, to ``--replicas`` replicas
-   running ``tests.integration.transforms:chaos``.
+   running ``tests.harness.transforms:chaos``.
 3. Every ``--interval`` seconds apply a fault drawn from the seed (tests/chaos/faults.py)
    and print it; each fault heals itself (restart, resume, expire).
 4. Then heal everything, stop feeding, and check: everything committed within
@@ -46,8 +46,8 @@ from service.tools.verify import HangingTransactionError, committed_offsets, end
 from tests.chaos.faults import LIBRARY, Later
 from tests.harness.admin import create_topic
 from tests.harness.proxy import FaultProxy
-from tests.integration.replicas import Replica
-from tests.integration.transforms import chaos
+from tests.harness.stage import Replica
+from tests.harness.transforms import chaos
 
 PARTITIONS = 8
 KEYS = 64
@@ -245,7 +245,7 @@ def _set_up(cluster: KafkaCluster, proxy: FaultProxy, log_dir: Path, guarantee: 
         "TXSTAGE_BOOTSTRAP_SERVERS": cluster.bootstrap, "TXSTAGE_GROUP_ID": topics.group,
         "TXSTAGE_INPUT_TOPICS": topics.input, "TXSTAGE_OUTPUT_TOPIC": topics.output,
         "TXSTAGE_DLQ_TOPIC": topics.dlq, "TXSTAGE_GUARANTEE": guarantee,
-        "TXSTAGE_TRANSFORM": "tests.integration.transforms:chaos",
+        "TXSTAGE_TRANSFORM": "tests.harness.transforms:chaos",
         "TXSTAGE_LOG_FORMAT": "json", "TXSTAGE_GROUP_PROTOCOL": group_protocol,
         "TXSTAGE_TRANSACTION_TIMEOUT_MS": str(int(TRANSACTION_TIMEOUT_S * 1000)),
         "TXSTAGE_CONSUMER__MAX_POLL_INTERVAL_MS": str(int(MAX_POLL_INTERVAL_S * 1000)),

@@ -22,8 +22,7 @@ import pytest
 from service.tools.verify import Report
 from tests.harness.containers import Engine, EngineError, env_args
 from tests.harness.kafka import KafkaService, free_ports
-from tests.integration.conftest import PARTITIONS, StageSetup, build_stage
-from tests.integration.replicas import produce_inputs, wait_for
+from tests.harness.stage import PARTITIONS, StageSetup, build_stage, produce_inputs, wait_for
 
 TAG = os.environ.get("TXSTAGE_IMAGE_TAG", "dev")
 RUNTIME_IMAGE = f"txstage:{TAG}"

@@ -26,8 +26,8 @@ from confluent_kafka.admin import AdminClient
 from service.examples.square import square
 from service.tools.verify import verify
 from tests.harness.containers import REPO_ROOT, Engine
+from tests.harness.stage import all_committed, wait_for
 from tests.image.conftest import RUNTIME_IMAGE
-from tests.integration.replicas import all_committed, wait_for
 
 pytestmark = pytest.mark.image
 

@@ -12,8 +12,8 @@ import pytest
 from service.contract.deadletter import ERROR_CLASS, ERROR_OFFSET, ERROR_PARTITION
 from service.tools.verify import Report
 from tests.harness.reading import read_committed
-from tests.integration.conftest import PARTITIONS, StageSetup
-from tests.integration.replicas import produce_inputs, wait_for
+from tests.harness.stage import PARTITIONS, StageSetup, produce_inputs, wait_for
+from tests.harness.transforms import square_unless_refused_on_some_partitions
 from tests.integration.test_compound_faults import (
     SteadyFeed,
     assert_alive,
@@ -21,7 +21,6 @@ from tests.integration.test_compound_faults import (
     settle,
     spread_over,
 )
-from tests.integration.transforms import square_unless_refused_on_some_partitions
 
 pytestmark = pytest.mark.kafka
 
@@ -44,7 +43,7 @@ def test_at_least_once_refused_delivery_is_dead_lettered_on_its_own_partition(
     compacted = compacted_topic(new_topic)
     replica = stage.replica(
         "a", **AT_LEAST_ONCE, TEST_DELAY_MS="3", TEST_COMPACTED_TOPIC=compacted,
-        TXSTAGE_TRANSFORM="tests.integration.transforms:refused_on_some_partitions")
+        TXSTAGE_TRANSFORM="tests.harness.transforms:refused_on_some_partitions")
     produce_inputs(stage.bootstrap, stage.input_topic, range(1_600), PARTITIONS)
     settle(stage, [replica], 60)
     assert_nothing_lost(stage.verify(square_unless_refused_on_some_partitions))
@@ -66,7 +65,7 @@ def test_at_least_once_refusals_are_dead_lettered_while_the_group_rebalances(
     # new owner, which must still find and dead-letter the record, losing nothing.
     compacted = compacted_topic(new_topic)
     settings = {**AT_LEAST_ONCE, "TEST_DELAY_MS": "3", "TEST_COMPACTED_TOPIC": compacted,
-                "TXSTAGE_TRANSFORM": "tests.integration.transforms:refused_on_some_partitions"}
+                "TXSTAGE_TRANSFORM": "tests.harness.transforms:refused_on_some_partitions"}
     replicas = [stage.replica("a", **settings)]
     wait_for(replicas[0].ready, 30, "the first replica to be ready", stage.logs)
     with SteadyFeed(stage.bootstrap, stage.input_topic, 2_400, 8) as feed:
@@ -92,7 +91,7 @@ def test_at_least_once_replicas_survive_scaling_from_1_to_6_to_3(stage: StageSet
     # While the group rebalances, the old stage's synchronous offset commit raised
     # ILLEGAL_GENERATION / REBALANCE_IN_PROGRESS, classified fatal: replicas exited 1.
     # Those mean "not committed": rewind to the committed offset and go on.
-    settings = {**AT_LEAST_ONCE, "TXSTAGE_TRANSFORM": "tests.integration.transforms:slow_square",
+    settings = {**AT_LEAST_ONCE, "TXSTAGE_TRANSFORM": "tests.harness.transforms:slow_square",
                 "TEST_DELAY_MS": "1"}
     replicas = [stage.replica("r0", **settings)]
     wait_for(replicas[0].ready, 30, "the first replica to be ready", stage.logs)
@@ -119,7 +118,7 @@ def test_at_least_once_stall_past_max_poll_interval_resumes_from_kafka(stage: St
     # campaign, it resumed from librdkafka's old fetch position instead and committed
     # past 1 474 records that were never transformed.
     replica = stage.replica("a", **AT_LEAST_ONCE,
-                            TXSTAGE_TRANSFORM="tests.integration.transforms:stall_once",
+                            TXSTAGE_TRANSFORM="tests.harness.transforms:stall_once",
                             TEST_STALL_AT="300", TEST_STALL_S="6",
                             TXSTAGE_CONSUMER__MAX_POLL_INTERVAL_MS="3000",
                             **stage.session_timeout_env(2000))

@@ -17,10 +17,17 @@ from confluent_kafka.admin import AdminClient
 from service.kafka import reading
 from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaService
+from tests.harness.operator_tools import foreign_transaction, tool, violations
 from tests.harness.reading import read_committed
-from tests.integration.conftest import PARTITIONS, StageSetup, build_stage
-from tests.integration.operator_tools import foreign_transaction, tool, violations
-from tests.integration.replicas import produce_inputs, samples, value, wait_for
+from tests.harness.stage import (
+    PARTITIONS,
+    StageSetup,
+    build_stage,
+    produce_inputs,
+    samples,
+    value,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kafka
 

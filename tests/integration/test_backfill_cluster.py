@@ -23,7 +23,7 @@ from service.examples.square import square
 from service.tools.verify import verify
 from tests.harness.kafka import KafkaService
 from tests.harness.reading import end_offsets
-from tests.integration.replicas import produce_inputs
+from tests.harness.stage import produce_inputs
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 

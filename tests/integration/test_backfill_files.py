@@ -23,14 +23,13 @@ from service import Record
 from service.backfill import main, parity
 from service.examples.square import square
 from service.tools.verify import expected_outputs, read_topics
-from tests.integration.conftest import PARTITIONS, StageSetup
-from tests.integration.conftest_spark import (  # noqa: F401  (fixtures)
+from tests.harness.spark import (  # noqa: F401  (fixtures)
     REPO_ROOT,
     Backfill,
     backfill_fixture,
     spark_fixture,
 )
-from tests.integration.replicas import produce_inputs
+from tests.harness.stage import PARTITIONS, StageSetup, produce_inputs
 from tests.integration.test_backfill_kafka import run_stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("spark")]

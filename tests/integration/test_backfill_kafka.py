@@ -29,17 +29,16 @@ from service.local_kafka.cluster import KafkaCluster
 from service.settings import environment
 from service.tools.verify import expected_outputs, read_topics
 from tests.harness.admin import create_topic, partition_leaders
+from tests.harness.backfill_faults import CRASH_AT, DIES_AT, REFUSING_TOPIC, SLOW_DIES_AT
+from tests.harness.operator_tools import tool
 from tests.harness.reading import end_offsets, read_committed, read_uncommitted
-from tests.integration.backfill_faults import CRASH_AT, DIES_AT, REFUSING_TOPIC, SLOW_DIES_AT
-from tests.integration.conftest import PARTITIONS, StageSetup
-from tests.integration.conftest_spark import (  # noqa: F401  (fixtures)
+from tests.harness.spark import (  # noqa: F401  (fixtures)
     REPO_ROOT,
     Backfill,
     backfill_fixture,
     spark_fixture,
 )
-from tests.integration.operator_tools import tool
-from tests.integration.replicas import all_committed, produce_inputs, wait_for
+from tests.harness.stage import PARTITIONS, StageSetup, all_committed, produce_inputs, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.usefixtures("spark")]
 
@@ -120,13 +119,13 @@ def test_a_record_whose_output_the_broker_refuses_is_dead_lettered_as_the_stream
     if not partition_leaders(stage.bootstrap, REFUSING_TOPIC):  # a constant: Spark's workers
         create_topic(stage.bootstrap, REFUSING_TOPIC, config={"cleanup.policy": "compact"})
     produce_inputs(stage.bootstrap, stage.input_topic, range(1600), PARTITIONS)
-    transform = "tests.integration.backfill_faults:keyless_to_compacted_at_42"
+    transform = "tests.harness.backfill_faults:keyless_to_compacted_at_42"
     run_stream(stage, transform)
     out, dlq = new_topic(partitions=4, prefix="bf-out"), new_topic(partitions=1, prefix="bf-dlq")
     code, printed, err = backfill(
         "--source", f"kafka://{stage.input_topic}", "--sink", f"kafka://{out}",
         "--dlq-topic", dlq, "--transaction-records", "100",
-        "--transform", f"tests.integration.backfill_faults:{backfill_transform}",
+        "--transform", f"tests.harness.backfill_faults:{backfill_transform}",
         "--topic-map", f"{REFUSING_TOPIC}={REFUSING_TOPIC}")  # refused anyway: named
     assert code == 0, err
     report = compare_with_stream(stage, out, dlq)
@@ -161,7 +160,7 @@ def test_a_task_dying_mid_slice_is_retried_with_no_duplicate_and_nothing_lost(
 
     code, printed, err = backfill(
         "--source", f"kafka://{source}", "--sink", f"kafka://{out}", "--dlq-topic", "",
-        "--transform", "tests.integration.backfill_faults:crash_on_first_attempt",
+        "--transform", "tests.harness.backfill_faults:crash_on_first_attempt",
         "--transaction-records", "100")
     assert code == 0, err
 
@@ -198,7 +197,7 @@ def test_a_broker_restart_during_a_slow_slice_then_a_task_death_lose_and_duplica
     chaos.start()
     code, printed, err = backfill(
         "--source", f"kafka://{source}", "--sink", f"kafka://{out}", "--dlq-topic", "",
-        "--transform", "tests.integration.backfill_faults:slow_dying_at_450",
+        "--transform", "tests.harness.backfill_faults:slow_dying_at_450",
         "--transaction-records", "100")
     finished = time.monotonic()
     chaos.join(60)
@@ -228,7 +227,7 @@ def test_a_progress_topic_with_several_partitions_resumes_a_retried_slice_exactl
     code, _printed, err = backfill(
         "--source", f"kafka://{source}", "--sink", f"kafka://{out}", "--dlq-topic", "",
         "--progress-topic", progress_topic,
-        "--transform", "tests.integration.backfill_faults:crash_on_first_attempt",
+        "--transform", "tests.harness.backfill_faults:crash_on_first_attempt",
         "--transaction-records", "100")
     assert code == 0, err
 
@@ -388,7 +387,7 @@ def test_a_fan_out_backfill_never_writes_into_a_live_topic(
     # what the stage had written there, which the audit then reported. Now an unmapped
     # topic is refused before anything is written (exit 2), and a mapped one goes where
     # it is mapped; the live topics' ends never move.
-    transform = "tests.integration.transforms:square_and_copy_to_side"
+    transform = "tests.harness.transforms:square_and_copy_to_side"
     side = create_topic(stage.bootstrap, f"{stage.input_topic}-side", partitions=2)
     produce_inputs(stage.bootstrap, stage.input_topic, range(400), PARTITIONS)
     run_stream(stage, transform)
@@ -424,9 +423,9 @@ def test_verify_after_an_ordinary_redrive_says_equal(
     # still fail) and redriven: 85 letters replaced by outputs marked txstage.redriven,
     # 15 written again (attempt 1). A backfill of the fixed transform is what the stream
     # now holds, but verify said DIFFERENT (the redrive marks, the replaced letters).
-    fixed = "tests.integration.transforms:square_failing_on_49s"
+    fixed = "tests.harness.transforms:square_failing_on_49s"
     produce_inputs(stage.bootstrap, stage.input_topic, range(700), PARTITIONS)
-    run_stream(stage, "tests.integration.transforms:square_broken_on_sevens")
+    run_stream(stage, "tests.harness.transforms:square_broken_on_sevens")
     code, done, err = tool(stage, "redrive", env={"TXSTAGE_TRANSFORM": fixed})
     assert code == 0 and (done["redriven"], done["failed_again"]) == (85, 15), (err, done)
     out, dlq = new_topic(partitions=4, prefix="bf-out"), new_topic(partitions=1, prefix="bf-dlq")

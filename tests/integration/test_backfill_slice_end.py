@@ -22,7 +22,7 @@ from service.backfill.specs import parse_sink, parse_source
 from service.settings import Settings
 from tests.harness.kafka import KafkaService
 from tests.harness.reading import end_offsets
-from tests.integration.replicas import wait_for
+from tests.harness.stage import wait_for
 
 pytestmark = pytest.mark.kafka
 

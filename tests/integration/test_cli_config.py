@@ -11,8 +11,7 @@ import sys
 import pytest
 
 from service.tools.verify import committed_offsets
-from tests.integration.conftest import PARTITIONS, StageSetup
-from tests.integration.replicas import REPO_ROOT, produce_inputs
+from tests.harness.stage import PARTITIONS, REPO_ROOT, StageSetup, produce_inputs
 
 pytestmark = pytest.mark.kafka
 

@@ -30,14 +30,17 @@ from service.tools.verify import committed_offsets
 from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaCluster, KafkaService
 from tests.harness.reading import read_committed, read_uncommitted
-from tests.integration.conftest import (
+from tests.harness.stage import (
     PARTITIONS,
+    REPO_ROOT,
+    Replica,
     StageSetup,
     build_stage,
     long_transactions,
+    produce_inputs,
+    wait_for,
 )
-from tests.integration.replicas import REPO_ROOT, Replica, produce_inputs, wait_for
-from tests.integration.transforms import (
+from tests.harness.transforms import (
     square_unless_refused,
     square_unless_refused_before_commit,
     square_unless_tenth,
@@ -46,7 +49,7 @@ from tests.integration.transforms import (
 pytestmark = pytest.mark.kafka
 
 NewTopic = Callable[..., str]
-SLOW = "tests.integration.transforms:slow_square"
+SLOW = "tests.harness.transforms:slow_square"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -184,7 +187,7 @@ def test_abortable_transaction_timed_out_before_its_abort_loses_nothing(
     compacted = compacted_topic(new_topic)
     produce_inputs(stage.bootstrap, stage.input_topic, range(800), PARTITIONS)
     replica = stage.replica(
-        "a", TXSTAGE_TRANSFORM="tests.integration.transforms:refuse_then_stall",
+        "a", TXSTAGE_TRANSFORM="tests.harness.transforms:refuse_then_stall",
         TEST_COMPACTED_TOPIC=compacted, TEST_REFUSE_AT="4", TEST_STALL_AT="5",
         TEST_STALL_S="6", TXSTAGE_TRANSACTION_TIMEOUT_MS="2000",
         TXSTAGE_COMMIT_INTERVAL_MS="100")
@@ -207,7 +210,7 @@ def test_refused_outputs_of_a_slow_transform_are_dead_lettered_not_crash_looped(
     # whole transaction time-out (defect 3), so /healthz must stay fresh throughout.
     compacted = compacted_topic(new_topic)
     replica = stage.replica(
-        "a", TXSTAGE_TRANSFORM="tests.integration.transforms:slow_square_with_refused_outputs",
+        "a", TXSTAGE_TRANSFORM="tests.harness.transforms:slow_square_with_refused_outputs",
         TEST_DELAY_MS="3", TEST_COMPACTED_TOPIC=compacted, TXSTAGE_RETRY_BACKOFF_MS="20",
         TXSTAGE_HEALTH_STALE_AFTER_S="10")
     produce_inputs(stage.bootstrap, stage.input_topic, range(1_600), PARTITIONS)
@@ -232,7 +235,7 @@ def test_refusal_of_the_last_record_before_a_commit_is_dead_lettered(
     # after ten aborts in a row.
     compacted = compacted_topic(new_topic)
     replica = stage.replica(
-        "a", TXSTAGE_TRANSFORM="tests.integration.transforms:slow_refused_before_commit",
+        "a", TXSTAGE_TRANSFORM="tests.harness.transforms:slow_refused_before_commit",
         TEST_DELAY_MS="3", TEST_COMPACTED_TOPIC=compacted, TXSTAGE_BATCH_SIZE="50",
         TXSTAGE_COMMIT_MAX_RECORDS="50", TXSTAGE_COMMIT_INTERVAL_MS="5000")
     produce_inputs(stage.bootstrap, stage.input_topic, range(500), 1)  # all on partition 0
@@ -262,7 +265,7 @@ def test_outputs_to_a_missing_topic_are_dead_lettered_across_a_frozen_broker(
     stage = stage_on(cluster)
     missing = f"no-such-topic-{stage.group_id}"
     replica = stage.replica(
-        "a", TXSTAGE_TRANSFORM="tests.integration.transforms:tenth_to_a_missing_topic",
+        "a", TXSTAGE_TRANSFORM="tests.harness.transforms:tenth_to_a_missing_topic",
         TEST_MISSING_TOPIC=missing, TEST_DELAY_MS="5")
     wait_for(replica.ready, 30, "the replica to be ready", stage.logs)
     produce_inputs(stage.bootstrap, stage.input_topic, range(1_600), PARTITIONS)
@@ -296,7 +299,7 @@ def test_sigterm_with_a_stuck_transform_leaves_the_group_and_exits_within_the_bu
     # partitions then waited a whole session time-out. With a 30 s session, "no members"
     # a few seconds after the exit proves the replica left the group.
     replica = stage.replica(
-        "a", TXSTAGE_TRANSFORM="tests.integration.transforms:stuck_after", TEST_STUCK_AT="3",
+        "a", TXSTAGE_TRANSFORM="tests.harness.transforms:stuck_after", TEST_STUCK_AT="3",
         TXSTAGE_SHUTDOWN_TIMEOUT_S="4", **stage.session_timeout_env(30_000, 1_000))
     wait_for(replica.ready, 30, "the replica to be ready", stage.logs)
     produce_inputs(stage.bootstrap, stage.input_topic, range(100), PARTITIONS)

@@ -6,7 +6,7 @@ verification and committed offsets go past it (``proxied_kafka.direct_bootstrap`
 
 The last test is the regression test of issue 8, defect 3: one partition's slow abort
 must not stall the others. ``TXSTAGE_TEST_STAGE_TREE=/path/to/other/tree`` runs the
-replicas from another source tree (see tests/integration/replicas.py), which is how it
+replicas from another source tree (see tests/harness/stage.py), which is how it
 was shown to fail on the stage before the rebuild.
 """
 
@@ -28,15 +28,17 @@ from tests.harness.admin import create_topic
 from tests.harness.kafka import ProxiedKafka
 from tests.harness.proxy import Api, Applied, FaultKind
 from tests.harness.reading import read_committed, read_uncommitted
-from tests.integration.conftest import (
+from tests.harness.stage import (
     GROUP_PROTOCOLS,
     PARTITIONS,
+    Replica,
     StageSetup,
     build_stage,
+    produce_inputs,
+    wait_for,
 )
-from tests.integration.replicas import Replica, produce_inputs, wait_for
-from tests.integration.replicas import value as metric_value
-from tests.integration.transforms import square_unless_refused_on_some_partitions
+from tests.harness.stage import value as metric_value
+from tests.harness.transforms import square_unless_refused_on_some_partitions
 
 pytestmark = pytest.mark.kafka
 
@@ -320,7 +322,7 @@ def test_c_a_slow_abort_of_one_partition_stalls_no_other_partition(
     slow_id = f"{stage.group_id}.{stage.input_topic}.0"
     fault = proxy.delay_response(Api.END_TXN, hold, transactional_id=slow_id)
     replica = stage.replica(
-        "a", TXSTAGE_TRANSFORM="tests.integration.transforms:refused_on_some_partitions",
+        "a", TXSTAGE_TRANSFORM="tests.harness.transforms:refused_on_some_partitions",
         TEST_DELAY_MS="3", TEST_REFUSING_PARTITIONS="0", TEST_COMPACTED_TOPIC=compacted,
         TXSTAGE_HEALTH_STALE_AFTER_S="3")
     wait_for(replica.ready, 60, "the replica to be ready", stage.logs)
@@ -393,7 +395,7 @@ def test_d_the_stage_sees_delayed_end_txn_responses_and_dropped_produce_connecti
     delay, drops = 4.0, 3
     slow_id = f"{stage.group_id}.{stage.input_topic}.0"
     dropped_id = f"{stage.group_id}.{stage.input_topic}.1"
-    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.integration.transforms:slow_square",
+    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.harness.transforms:slow_square",
                             TEST_DELAY_MS="1")
     wait_for(replica.ready, 60, "the replica to be ready", stage.logs)
     held = proxy.delay_response(Api.END_TXN, delay, transactional_id=slow_id, count=1)
@@ -440,7 +442,7 @@ def test_e_seed_14_at_least_once_commits_again_what_a_failed_offset_commit_left_
     # commit the whole input without new records to carry it.
     stage, proxy = proxied_stage, proxied_kafka.proxy
     replica = stage.replica("a", TXSTAGE_GUARANTEE="at_least_once",
-                            TXSTAGE_TRANSFORM="tests.integration.transforms:slow_square",
+                            TXSTAGE_TRANSFORM="tests.harness.transforms:slow_square",
                             TEST_DELAY_MS="1")
     wait_for(replica.ready, 60, "the replica to be ready", stage.logs)
     refused = proxy.drop_connection(Api.OFFSET_COMMIT, on="request", duration_s=8.0)

@@ -28,8 +28,14 @@ from service.preflight import check_cluster, producer_max_bytes
 from service.settings import load_settings
 from service.stage import Stage
 from tests.harness.reading import read_topic
-from tests.integration.conftest import PARTITIONS, StageSetup, long_transactions
-from tests.integration.replicas import produce_inputs, value, wait_for
+from tests.harness.stage import (
+    PARTITIONS,
+    StageSetup,
+    long_transactions,
+    produce_inputs,
+    value,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kafka
 

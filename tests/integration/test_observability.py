@@ -12,8 +12,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness.reading import read_committed
-from tests.integration.conftest import PARTITIONS, StageSetup, long_transactions
-from tests.integration.replicas import Replica, produce_inputs, samples, value, wait_for
+from tests.harness.stage import (
+    PARTITIONS,
+    Replica,
+    StageSetup,
+    long_transactions,
+    produce_inputs,
+    samples,
+    value,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -93,7 +101,7 @@ def test_injected_abort_moves_the_abortable_error_reason(stage: StageSetup,
                                                          new_topic: object) -> None:
     compacted = new_topic(1, {"cleanup.policy": "compact"}, prefix="compact")  # type: ignore[operator]
     replica = stage.replica("a", TXSTAGE_TRANSFORM=(
-        "tests.integration.transforms:square_with_broker_rejects"),
+        "tests.harness.transforms:square_with_broker_rejects"),
         TEST_COMPACTED_TOPIC=compacted, TXSTAGE_LOG_LEVEL="DEBUG")
     produce_inputs(stage.bootstrap, stage.input_topic, range(200), PARTITIONS)
     stage.wait_committed(60)
@@ -175,7 +183,7 @@ def _status(replica: Replica) -> tuple[int, dict[str, object]]:
 
 
 def test_healthz_turns_unhealthy_when_the_loop_is_stuck(stage: StageSetup) -> None:
-    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.integration.transforms:stuck_after",
+    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.harness.transforms:stuck_after",
                             TEST_STUCK_AT="5", TXSTAGE_HEALTH_STALE_AFTER_S="3")
     wait_for(replica.ready, 30, "ready", stage.logs)
     assert replica.get("/healthz")[0] == 200

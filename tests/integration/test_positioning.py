@@ -18,8 +18,7 @@ import pytest
 from tests.harness.kafka import KafkaService, ProxiedKafka
 from tests.harness.proxy import Api
 from tests.harness.reading import read_topic
-from tests.integration.conftest import PARTITIONS, StageSetup
-from tests.integration.replicas import produce_inputs, wait_for
+from tests.harness.stage import PARTITIONS, StageSetup, produce_inputs, wait_for
 from tests.integration.test_compound_faults import compacted_topic
 
 pytestmark = pytest.mark.kafka
@@ -71,7 +70,7 @@ def test_from_the_end_an_abort_before_the_first_commit_reads_its_records_again(
     produce_inputs(stage.bootstrap, stage.input_topic, range(400), PARTITIONS)
     replica = stage.replica(
         "a", TXSTAGE_CONSUMER__AUTO_OFFSET_RESET="latest", TEST_COMPACTED_TOPIC=compacted,
-        TXSTAGE_TRANSFORM="tests.integration.transforms:square_with_refused_outputs",
+        TXSTAGE_TRANSFORM="tests.harness.transforms:square_with_refused_outputs",
         TXSTAGE_COMMIT_INTERVAL_MS="5000", TXSTAGE_COMMIT_MAX_RECORDS="1000000")
     wait_for(replica.ready, 60, "every partition positioned", stage.logs)
     time.sleep(3)  # a seek librdkafka deferred (not fetching yet) finds the end then

@@ -15,15 +15,21 @@ from pathlib import Path
 import pytest
 
 from tests.harness.kafka import KafkaService
+from tests.harness.operator_tools import tool, violations
 from tests.harness.reading import end_offsets, read_committed
-from tests.integration.conftest import PARTITIONS, StageSetup, build_stage
-from tests.integration.operator_tools import tool, violations
-from tests.integration.replicas import REPO_ROOT, produce_inputs, wait_for
+from tests.harness.stage import (
+    PARTITIONS,
+    REPO_ROOT,
+    StageSetup,
+    build_stage,
+    produce_inputs,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kafka
 
 RECORDS = 700  # 0..699: 100 multiples of 7, 15 of them multiples of 49
-BUGGY = {"TXSTAGE_TRANSFORM": "tests.integration.transforms:square_broken_on_sevens"}
+BUGGY = {"TXSTAGE_TRANSFORM": "tests.harness.transforms:square_broken_on_sevens"}
 FIXED = {**BUGGY, "TEST_TRANSFORM_FIXED": "1"}
 
 

@@ -28,9 +28,15 @@ from service.local_kafka.security import upsert_scram_user
 from service.tools.acls import Grant, audit_grants, backfill_grants, stage_grants
 from service.tools.verify import compare, expected_outputs, read_topics
 from tests.harness.admin import create_topic
-from tests.integration.conftest import StageSetup, _tear_down, build_stage
-from tests.integration.conftest_spark import Backfill, spark_fixture  # noqa: F401  (fixture)
-from tests.integration.replicas import produce_inputs, stage_tree, wait_for
+from tests.harness.spark import Backfill, spark_fixture  # noqa: F401  (fixture)
+from tests.harness.stage import (
+    StageSetup,
+    build_stage,
+    produce_inputs,
+    stage_tree,
+    tear_down,
+    wait_for,
+)
 
 RECORDS = 200
 
@@ -108,7 +114,7 @@ def secured_stage(secured_kafka: KafkaCluster, unique_name: Callable[[str], str]
         "TXSTAGE_KAFKA__SSL_CA_LOCATION": secured_kafka.secured.ca_location,
     }
     yield secured
-    _tear_down(setup)
+    tear_down(setup)
 
 
 def test_stage_is_exactly_once_over_sasl_ssl_with_only_the_documented_acls(

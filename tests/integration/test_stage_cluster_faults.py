@@ -15,9 +15,8 @@ from confluent_kafka import Consumer, TopicPartition
 from service.contract.deadletter import ERROR_CLASS
 from tests.harness.admin import create_topic, partition_leaders
 from tests.harness.reading import read_committed
-from tests.integration.conftest import PARTITIONS, StageSetup
-from tests.integration.replicas import produce_inputs, stage_tree, wait_for
-from tests.integration.transforms import square_unless_big, square_unless_refused
+from tests.harness.stage import PARTITIONS, StageSetup, produce_inputs, stage_tree, wait_for
+from tests.harness.transforms import square_unless_big, square_unless_refused
 
 pytestmark = pytest.mark.kafka
 
@@ -27,7 +26,7 @@ def test_oversized_outputs_are_dead_lettered_not_looped_on(stage: StageSetup,
     small = new_topic(4, {"max.message.bytes": "20000"}, prefix="small")  # type: ignore[operator]
     stage.output_topic = small
     replica = stage.replica("a", TXSTAGE_OUTPUT_TOPIC=small,
-                            TXSTAGE_TRANSFORM="tests.integration.transforms:big_every_tenth",
+                            TXSTAGE_TRANSFORM="tests.harness.transforms:big_every_tenth",
                             TXSTAGE_PRODUCER__MESSAGE_MAX_BYTES="20000")
     produce_inputs(stage.bootstrap, stage.input_topic, range(800), PARTITIONS)
     stage.wait_committed()
@@ -60,7 +59,7 @@ def test_a_record_whose_output_the_broker_always_refuses_is_found_and_dead_lette
         stage: StageSetup, new_topic: object) -> None:
     compacted = new_topic(1, {"cleanup.policy": "compact"}, prefix="compact")  # type: ignore[operator]
     replica = stage.replica("a", TEST_COMPACTED_TOPIC=compacted, TXSTAGE_TRANSFORM=(
-        "tests.integration.transforms:square_with_refused_outputs"))
+        "tests.harness.transforms:square_with_refused_outputs"))
     produce_inputs(stage.bootstrap, stage.input_topic, range(1_600), PARTITIONS)
     stage.wait_committed(120)
     report = stage.verify(square_unless_refused)
@@ -101,7 +100,7 @@ def test_committed_offset_lookups_survive_the_group_coordinator_moving(
     committer.close()
     tree = stage_tree()
     hammer = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.offset_hammer", bootstrap, group, topic, "45"],
+        [sys.executable, "-m", "tests.harness.offset_hammer", bootstrap, group, topic, "45"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     try:

@@ -9,9 +9,15 @@ import threading
 import pytest
 
 from tests.harness.reading import read_committed, read_uncommitted
-from tests.integration.conftest import PARTITIONS, StageSetup, long_transactions
-from tests.integration.replicas import paced, produce_inputs, wait_for
-from tests.integration.replicas import value as metric_value
+from tests.harness.stage import (
+    PARTITIONS,
+    StageSetup,
+    long_transactions,
+    paced,
+    produce_inputs,
+    wait_for,
+)
+from tests.harness.stage import value as metric_value
 
 pytestmark = pytest.mark.kafka
 
@@ -34,7 +40,7 @@ def test_scale_out_and_in_moves_producers_without_duplicates(stage: StageSetup) 
         stage.bootstrap, stage.input_topic, paced(range(30_000), per_second=3_000), PARTITIONS),
         kwargs={"value": lambda i: str(i).encode()})
     feeder.start()
-    second = stage.replica("second", TXSTAGE_TRANSFORM="tests.integration.transforms:slow_square",
+    second = stage.replica("second", TXSTAGE_TRANSFORM="tests.harness.transforms:slow_square",
                            TEST_DELAY_MS="0")
 
     def owned_by_second() -> set[str]:
@@ -91,7 +97,7 @@ def test_injected_abortable_errors_still_exactly_once(stage: StageSetup,
                                                       new_topic: object) -> None:
     compacted = new_topic(1, {"cleanup.policy": "compact"}, prefix="compact")  # type: ignore[operator]
     replica = stage.replica("a", TXSTAGE_TRANSFORM=(
-        "tests.integration.transforms:square_with_broker_rejects"),
+        "tests.harness.transforms:square_with_broker_rejects"),
         TEST_COMPACTED_TOPIC=compacted)
     produce_inputs(stage.bootstrap, stage.input_topic, range(3_000), PARTITIONS)
     stage.wait_committed()
@@ -116,7 +122,7 @@ def test_a_record_held_for_a_topic_lookup_is_not_transformed_again(
     # partition: the flake in test_injected_abort_moves_the_abortable_error_reason.)
     side = new_topic(PARTITIONS, prefix="side")  # type: ignore[operator]
     replica = stage.replica("a", TXSTAGE_TRANSFORM=(
-        "tests.integration.transforms:square_and_count_runs"), TEST_SIDE_TOPIC=side)
+        "tests.harness.transforms:square_and_count_runs"), TEST_SIDE_TOPIC=side)
     produce_inputs(stage.bootstrap, stage.input_topic, range(2_000), PARTITIONS)
     stage.wait_committed()
     stage.assert_exactly_once()

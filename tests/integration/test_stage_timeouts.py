@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from tests.integration.conftest import PARTITIONS, StageSetup
-from tests.integration.replicas import produce_inputs, wait_for
+from tests.harness.stage import PARTITIONS, StageSetup, produce_inputs, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -19,7 +18,7 @@ def test_transform_stalling_past_the_transaction_timeout_is_recovered(stage: Sta
     # The coordinator aborts the stalled transaction after 2 s and bumps the epoch;
     # the replica finds its producer fenced, waits a session time-out to be sure it
     # still owns the partition, then takes it over with a new producer.
-    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.integration.transforms:stall_once",
+    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.harness.transforms:stall_once",
                             TEST_STALL_AT="5", TEST_STALL_S="6",
                             TXSTAGE_TRANSACTION_TIMEOUT_MS="2000",
                             TXSTAGE_COMMIT_INTERVAL_MS="100")
@@ -40,7 +39,7 @@ def test_transform_stalling_past_max_poll_interval_loses_and_aborts(stage: Stage
     # the replica must abort (never commit) what it had open, rejoin and finish.
     # max.poll.interval.ms is client-side under both protocols; the 2 s session is the
     # client's under classic and the group's (broker-side) under consumer.
-    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.integration.transforms:stall_once",
+    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.harness.transforms:stall_once",
                             TEST_STALL_AT="5", TEST_STALL_S="6",
                             TXSTAGE_CONSUMER__MAX_POLL_INTERVAL_MS="3000",
                             **stage.session_timeout_env(2000))
@@ -78,7 +77,7 @@ def test_broker_sigkill_and_restart_under_load(make_cluster: object, stage_on: o
 
 
 def test_second_signal_exits_at_once(stage: StageSetup) -> None:
-    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.integration.transforms:stuck_after",
+    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.harness.transforms:stuck_after",
                             TEST_STUCK_AT="3")
     wait_for(replica.ready, 30, "ready", stage.logs)
     produce_inputs(stage.bootstrap, stage.input_topic, range(100), PARTITIONS)

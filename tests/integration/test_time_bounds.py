@@ -26,8 +26,15 @@ from service.contract.deadletter import DROPPED
 from service.tools.verify import read_topics
 from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaService
-from tests.integration.conftest import PARTITIONS, StageSetup, _tear_down, build_stage
-from tests.integration.replicas import produce_inputs, value, wait_for
+from tests.harness.stage import (
+    PARTITIONS,
+    StageSetup,
+    build_stage,
+    produce_inputs,
+    tear_down,
+    value,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -38,7 +45,7 @@ def classic_stage(kafka: KafkaService, unique_name: Callable[[str], str],
     """One group protocol: what is tested here is the loop's, not the group's."""
     setup = build_stage(kafka.bootstrap, unique_name, tmp_path, "classic")
     yield setup
-    _tear_down(setup)
+    tear_down(setup)
 
 
 def test_a_slow_transform_commits_within_the_transaction_timeout(
@@ -49,7 +56,7 @@ def test_a_slow_transform_commits_within_the_transaction_timeout(
     # offset and did the same records again, for ever, with /healthz at 200 (seen with
     # both group protocols; the bound is the loop's, so one protocol is tested).
     stage = classic_stage
-    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.integration.transforms:slow_square",
+    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.harness.transforms:slow_square",
                             TEST_DELAY_MS="20", TXSTAGE_TRANSACTION_TIMEOUT_MS="4000",
                             TXSTAGE_HEALTH_STALE_AFTER_S="3")
     wait_for(replica.ready, 60, "replica ready", stage.logs)
@@ -83,7 +90,7 @@ def test_a_stop_in_the_middle_of_a_slow_batch_commits_what_was_processed_in_time
     # (20 s) first, the watchdog fired at 8 s and nothing processed was committed.
     stage = classic_stage
     produce_inputs(stage.bootstrap, stage.input_topic, range(600), 1)  # a full first batch
-    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.integration.transforms:slow_square",
+    replica = stage.replica("a", TXSTAGE_TRANSFORM="tests.harness.transforms:slow_square",
                             TEST_DELAY_MS="40", TXSTAGE_SHUTDOWN_TIMEOUT_S="8",
                             TXSTAGE_COMMIT_INTERVAL_MS="1000")
     wait_for(replica.ready, 60, "replica ready", stage.logs)
@@ -94,7 +101,7 @@ def test_a_stop_in_the_middle_of_a_slow_batch_commits_what_was_processed_in_time
     assert took < 4, f"the stop took {took:.1f} s"
     assert not replica.events("stage.shutdown_budget_exceeded"), stage.logs()
     # The rest is left to the next owner: all of it, once, in order.
-    successor = stage.replica("b", TXSTAGE_TRANSFORM="tests.integration.transforms:slow_square",
+    successor = stage.replica("b", TXSTAGE_TRANSFORM="tests.harness.transforms:slow_square",
                               TEST_DELAY_MS="2")
     stage.wait_committed(60)
     stage.assert_exactly_once()
@@ -134,7 +141,7 @@ def test_an_output_topic_deleted_at_run_time_dead_letters_its_records(
     stage = classic_stage
     side = create_topic(stage.bootstrap, unique_name("side"), partitions=2)
     replica = stage.replica(
-        "a", TXSTAGE_TRANSFORM="tests.integration.transforms:square_and_copy_to_side",
+        "a", TXSTAGE_TRANSFORM="tests.harness.transforms:square_and_copy_to_side",
         TEST_SIDE_TOPIC=side, TXSTAGE_TRANSACTION_TIMEOUT_MS="10000")
     produce_inputs(stage.bootstrap, stage.input_topic, range(200), PARTITIONS)
     stage.wait_committed(60)

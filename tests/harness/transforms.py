@@ -1,5 +1,5 @@
 """Transforms used only by the integration tests, loaded by replicas as
-``tests.integration.transforms:<name>`` (the replica runs from the repo root)."""
+``tests.harness.transforms:<name>`` (the replica runs from the repo root)."""
 
 from __future__ import annotations
 

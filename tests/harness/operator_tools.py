@@ -11,8 +11,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.integration.conftest import StageSetup
-from tests.integration.replicas import REPO_ROOT
+from tests.harness.stage import REPO_ROOT, StageSetup
 
 
 def tool(setup: StageSetup, *args: str, env: dict[str, str] | None = None

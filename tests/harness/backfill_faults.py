@@ -1,5 +1,5 @@
 """Test-only transforms for the backfill, loaded by Spark's Python workers by module path
-(``tests.integration.backfill_faults:<name>``; the workers run from the repository root).
+(``tests.harness.backfill_faults:<name>``; the workers run from the repository root).
 
 Workers are forked before a test could set environment variables, so the knobs are
 constants here, not TEST_* variables.

@@ -1,6 +1,6 @@
 """Fixtures of the backfill tests: a real local SparkSession, and a backfill runner.
 
-Import them into a test module (``from tests.integration.conftest_spark import
+Import them into a test module (``from tests.harness.spark import
 backfill_fixture, spark_fixture``); pytest knows them as ``spark`` and ``backfill``.
 
 The session starts once per test run and is ``local[2,4]``: two cores like the target
@@ -8,7 +8,7 @@ box, and up to four attempts per task, because plain ``local[2]`` never retries 
 task and the retry is what the fault tests exercise. No Spark Kafka connector is on the
 classpath: the backfill's tasks read and write Kafka with librdkafka. Python
 workers run this interpreter from the repository root, so
-``tests.integration.backfill_faults`` imports in them as it does here.
+``tests.harness.backfill_faults`` imports in them as it does here.
 """
 
 from __future__ import annotations

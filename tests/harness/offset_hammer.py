@@ -1,6 +1,6 @@
 """Asks ``service.kafka.cluster.Cluster.committed_offset`` again and again from four threads,
 for ``SECONDS``, while a test moves the group's coordinator. Run as a subprocess:
-``python -m tests.integration.offset_hammer BOOTSTRAP GROUP TOPIC SECONDS``. It prints
+``python -m tests.harness.offset_hammer BOOTSTRAP GROUP TOPIC SECONDS``. It prints
 how many answers and errors it got and exits 0; a crash of the client library shows as
 a death by signal (librdkafka#5040 killed the stage with SIGSEGV this way)."""
 
