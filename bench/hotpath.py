@@ -38,7 +38,7 @@ from service.observability import interpreter
 from service.observability.health import Health
 from service.observability.metrics import Metrics
 from service.settings import load_settings
-from service.stage import state as sm
+from service.stage import machine as sm
 from service.stage.guarantees.at_least_once import AtLeastOnce
 from service.stage.guarantees.exactly_once import ExactlyOnce
 from service.stage.guarantees.guarantee import Committer

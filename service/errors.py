@@ -12,13 +12,14 @@ them in one place, :mod:`service.kafka.errors`).
         └── FatalError        nothing to retry; the replica exits non-zero
             └── DeniedError   authentication failed or an ACL is missing: never retried,
                               never aborted; the message names the permission
-                              (in service/kafka/errors.py: it reads Kafka's codes)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+from service import error_codes as codes
 
 if TYPE_CHECKING:
     from service.contract.records import Output
@@ -115,3 +116,89 @@ class FatalError(KafkaOperationError):
     action = "fatal"
 
 
+class DeniedError(FatalError):
+    """The broker refused this principal; the message starts with what it lacks."""
+
+    action = "denied"
+
+    def __init__(self, where: Where, error: KafkaErrorLike) -> None:
+        super().__init__(where, error)
+        self.permission = missing_permission(self.code, where, error.str()) or error.name()
+        self.args = (f"permission denied: {self.permission} ({self.args[0]})",)
+
+
+def missing_permission(code: int, where: Where, message: str = "") -> str | None:
+    """What the principal lacks, in ACL terms, for a denial ``code`` met doing ``where``
+    (``None``: not a denial). READ and WRITE imply DESCRIBE, so those are named."""
+    if code in codes.AUTHENTICATION:
+        return ("authentication failed: check TXSTAGE_KAFKA__SASL_USERNAME, "
+                "TXSTAGE_KAFKA__SASL_PASSWORD and TXSTAGE_KAFKA__SASL_MECHANISM")
+    if code == codes.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+        return f"WRITE on transactional id prefix `{transactional_prefix(where)}`"
+    if where.op == "describe_configs" and code in (codes.TOPIC_AUTHORIZATION_FAILED,
+                                                   codes.CLUSTER_AUTHORIZATION_FAILED):
+        return "DESCRIBE_CONFIGS on " + (f"topic `{where.topic}`" if where.topic else "the cluster")
+    if code == codes.GROUP_AUTHORIZATION_FAILED:
+        return "READ on the consumer group (TXSTAGE_GROUP_ID)"
+    if code == codes.CLUSTER_AUTHORIZATION_FAILED:
+        return f"the cluster refused {where.op} (CLUSTER_AUTHORIZATION_FAILED)"
+    if code == codes.TOPIC_AUTHORIZATION_FAILED:
+        return _topic_permission(where, message)
+    return None
+
+
+def _topic_permission(where: Where, message: str) -> str:
+    """Which topic ACL: a transaction's offsets need READ on the input topic, its
+    outputs WRITE (librdkafka reports both through send_offsets_to_transaction and
+    commit_transaction; only its message tells an AddPartitionsToTxn failure apart)."""
+    if where.op == "create_topics":
+        return f"CREATE on topic `{where.topic}`"
+    reads = where.op in ("consume", "seek", "committed") or (
+        where.op == "send_offsets_to_transaction" and "add partition" not in message.lower())
+    if not reads:
+        return "WRITE on an output or dead-letter topic"
+    return f"READ on input topic `{where.topic}`" if where.topic else "READ on an input topic"
+
+
+def transactional_prefix(where: Where) -> str:
+    """``<prefix>.`` of a ``<prefix>.<topic>.<partition>`` id, as the ACL names it."""
+    txid = where.transactional_id or ""
+    tail = f".{where.topic}.{where.partition}"
+    if where.topic is not None and txid.endswith(tail):
+        return txid[: -len(tail)] + "."
+    return txid.rsplit(".", 1)[0] + "." if "." in txid else txid
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One output that was not delivered."""
+
+    code: int
+    name: str
+    message: str
+    offset: int | None  # the input offset its lineage names, when it names one
+
+    @property
+    def refusal(self) -> bool:
+        return self.code in codes.REFUSALS
+
+    def error(self) -> CodedError:
+        return CodedError(self.code, self.name, self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class CodedError:
+    """An error known by its code (a delivery report's): what KafkaOperationError needs."""
+
+    code_: int
+    name_: str
+    message: str
+
+    def code(self) -> int:
+        return self.code_
+
+    def name(self) -> str:
+        return self.name_
+
+    def str(self) -> str:
+        return self.message

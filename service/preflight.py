@@ -7,10 +7,16 @@ import time
 
 import structlog
 
-from service.errors import ConfigError, KafkaOperationError, RetriableError, Where
+from service.errors import (
+    ConfigError,
+    DeniedError,
+    KafkaOperationError,
+    RetriableError,
+    Where,
+    transactional_prefix,
+)
 from service.kafka.cluster import DEFAULT_MESSAGE_MAX_BYTES, UNSAID, Cluster
 from service.kafka.config import consumer_config, producer_config
-from service.kafka.errors import DeniedError, transactional_prefix
 from service.settings import Settings
 
 log = structlog.get_logger(__name__)

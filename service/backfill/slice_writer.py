@@ -44,8 +44,8 @@ from service.backfill.progress import PARTITION as PROGRESS_PARTITION
 from service.backfill.progress import SliceProgress, encode_progress, slice_key
 from service.contract.processing import OutputRefusedError, Produced, Result, refused
 from service.contract.records import Record
-from service.errors import AbortableError, KafkaOperationError, PoisonRecordError
-from service.kafka.delivery import REFUSALS, Failure
+from service.error_codes import REFUSALS
+from service.errors import AbortableError, Failure, KafkaOperationError, PoisonRecordError
 from service.kafka.producer import PinnedProducer
 
 log = logging.getLogger(__name__)
@@ -400,7 +400,7 @@ def _pending_of(results: list[tuple[Record, Result]], now: float) -> _Pending:
 
 def _culprit(refusals: list[Failure], results: list[tuple[Record, Result]]) -> int | None:
     """The one input offset the refusals name inside ``results`` (the stream's rule:
-    service.stage.state._culprits), or the only record of a group of one."""
+    service.stage.machine.faults._culprits), or the only record of a group of one."""
     offsets = {record.offset for record, _ in results}
     named = {f.offset for f in refusals if f.offset is not None and f.offset in offsets}
     if len(named) == 1:

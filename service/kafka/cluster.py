@@ -20,9 +20,16 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
-from service.errors import KafkaOperationError, RetriableError, TopicLimitPending, Where
+from service.error_codes import DENIALS
+from service.errors import (
+    DeniedError,
+    KafkaOperationError,
+    RetriableError,
+    TopicLimitPending,
+    Where,
+)
 from service.kafka.config import Config
-from service.kafka.errors import DENIALS, DeniedError, translate
+from service.kafka.errors import translate
 from service.kafka.reading import group_reader
 from service.observability.logs import librdkafka_logger
 

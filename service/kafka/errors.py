@@ -15,77 +15,16 @@ from contextlib import contextmanager
 
 from confluent_kafka import KafkaError, KafkaException
 
+from service.error_codes import DENIALS, REFUSALS
 from service.errors import (
     AbortableError,
+    DeniedError,
     FatalError,
     FencedError,
     KafkaOperationError,
     RetriableError,
     Where,
 )
-from service.kafka.delivery import REFUSALS
-
-
-class DeniedError(FatalError):
-    """The broker refused this principal; the message starts with what it lacks."""
-
-    action = "denied"
-
-    def __init__(self, where: Where, error: KafkaError) -> None:
-        super().__init__(where, error)
-        self.permission = missing_permission(self.code, where, error.str()) or error.name()
-        self.args = (f"permission denied: {self.permission} ({self.args[0]})",)
-
-
-# The broker refused the principal: no retry or abort can change that.
-DENIALS = frozenset({
-    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
-    KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-    KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._AUTHENTICATION,
-})
-_AUTHENTICATION = frozenset({KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._AUTHENTICATION})
-
-
-def missing_permission(code: int, where: Where, message: str = "") -> str | None:
-    """What the principal lacks, in ACL terms, for a denial ``code`` met doing ``where``
-    (``None``: not a denial). READ and WRITE imply DESCRIBE, so those are named."""
-    if code in _AUTHENTICATION:
-        return ("authentication failed: check TXSTAGE_KAFKA__SASL_USERNAME, "
-                "TXSTAGE_KAFKA__SASL_PASSWORD and TXSTAGE_KAFKA__SASL_MECHANISM")
-    if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
-        return f"WRITE on transactional id prefix `{transactional_prefix(where)}`"
-    if where.op == "describe_configs" and code in (KafkaError.TOPIC_AUTHORIZATION_FAILED,
-                                                   KafkaError.CLUSTER_AUTHORIZATION_FAILED):
-        return "DESCRIBE_CONFIGS on " + (f"topic `{where.topic}`" if where.topic else "the cluster")
-    if code == KafkaError.GROUP_AUTHORIZATION_FAILED:
-        return "READ on the consumer group (TXSTAGE_GROUP_ID)"
-    if code == KafkaError.CLUSTER_AUTHORIZATION_FAILED:
-        return f"the cluster refused {where.op} (CLUSTER_AUTHORIZATION_FAILED)"
-    if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-        return _topic_permission(where, message)
-    return None
-
-
-def _topic_permission(where: Where, message: str) -> str:
-    """Which topic ACL: a transaction's offsets need READ on the input topic, its
-    outputs WRITE (librdkafka reports both through send_offsets_to_transaction and
-    commit_transaction; only its message tells an AddPartitionsToTxn failure apart)."""
-    if where.op == "create_topics":
-        return f"CREATE on topic `{where.topic}`"
-    reads = where.op in ("consume", "seek", "committed") or (
-        where.op == "send_offsets_to_transaction" and "add partition" not in message.lower())
-    if not reads:
-        return "WRITE on an output or dead-letter topic"
-    return f"READ on input topic `{where.topic}`" if where.topic else "READ on an input topic"
-
-
-def transactional_prefix(where: Where) -> str:
-    """``<prefix>.`` of a ``<prefix>.<topic>.<partition>`` id, as the ACL names it."""
-    txid = where.transactional_id or ""
-    tail = f".{where.topic}.{where.partition}"
-    if where.topic is not None and txid.endswith(tail):
-        return txid[: -len(tail)] + "."
-    return txid.rsplit(".", 1)[0] + "." if "." in txid else txid
 
 
 def classify(error: KafkaError) -> type[KafkaOperationError]:

@@ -19,9 +19,16 @@ import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from service.contract.processing import Processed, Produced
-from service.errors import AbortableError, FatalError, KafkaOperationError, RetriableError, Where
+from service.errors import (
+    AbortableError,
+    Failure,
+    FatalError,
+    KafkaOperationError,
+    RetriableError,
+    Where,
+)
 from service.kafka.config import Config
-from service.kafka.delivery import DeliveryFailures, Failure
+from service.kafka.delivery import DeliveryFailures
 from service.kafka.errors import classify, kafka_error, translate
 
 log = structlog.get_logger(__name__)

@@ -14,8 +14,8 @@ from typing import TypeVar
 
 import structlog
 
+from service.stage.machine import Event
 from service.stage.partition import Completion, Partition
-from service.stage.state import Event
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")

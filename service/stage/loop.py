@@ -43,7 +43,9 @@ from service.contract.processing import (
     written_before,
 )
 from service.contract.records import Output, Record, Transform
+from service.error_codes import DENIALS, LOOK_AGAIN
 from service.errors import (
+    DeniedError,
     FatalError,
     FencedError,
     KafkaOperationError,
@@ -53,13 +55,12 @@ from service.errors import (
     Where,
 )
 from service.kafka.cluster import OutputLimits
-from service.kafka.delivery import LOOK_AGAIN
-from service.kafka.errors import DENIALS, DeniedError, kafka_error, translate
+from service.kafka.errors import kafka_error, translate
 from service.kafka.messages import to_record
 from service.observability.health import Health
 from service.observability.metrics import Metrics
 from service.settings import Settings
-from service.stage import state as sm
+from service.stage import machine as sm
 from service.stage.fetch_watch import FetchWatch
 from service.stage.guarantees.guarantee import Committer, Job
 from service.stage.jobs import Jobs

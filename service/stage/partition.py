@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from confluent_kafka import Message, TopicPartition
 
 from service.contract.records import Output
-from service.stage.state import PartitionState, Phase
+from service.stage.machine import PartitionState, Phase
 
 TopicPartitionKey = tuple[str, int]
 

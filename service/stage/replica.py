@@ -21,9 +21,9 @@ from service.stage.guarantees.at_least_once import AtLeastOnce
 from service.stage.guarantees.exactly_once import ExactlyOnce
 from service.stage.guarantees.guarantee import Committer
 from service.stage.loop import Loop
+from service.stage.machine import Policy
 from service.stage.rebalance import RebalanceListener
 from service.stage.shutdown import Watchdog
-from service.stage.state import Policy
 
 log = structlog.get_logger(__name__)
 

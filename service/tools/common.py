@@ -8,9 +8,8 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaException
 
-from service.errors import ConfigError, KafkaOperationError
+from service.errors import ConfigError, DeniedError, KafkaOperationError
 from service.kafka.config import refused_configs
-from service.kafka.errors import DeniedError
 from service.settings import Settings, load_settings
 
 EXIT_CONFIG, EXIT_UNFINISHED = 2, 4

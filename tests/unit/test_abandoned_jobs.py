@@ -25,7 +25,7 @@ from structlog.testing import capture_logs
 from service.errors import FatalError, FencedError, Where
 from service.observability.metrics import Metrics
 from service.settings import load_settings
-from service.stage import state as sm
+from service.stage import machine as sm
 from service.stage.guarantees import exactly_once
 from service.stage.guarantees.exactly_once import ExactlyOnce
 from service.stage.loop import Loop

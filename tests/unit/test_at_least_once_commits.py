@@ -27,11 +27,11 @@ from service.observability.health import Health
 from service.observability.metrics import Metrics
 from service.settings import load_settings
 from service.stage import Stage
-from service.stage import state as sm
+from service.stage import machine as sm
 from service.stage.guarantees.at_least_once import AtLeastOnce
 from service.stage.loop import Loop
+from service.stage.machine import DeliveryFailed, Event
 from service.stage.partition import Partition
-from service.stage.state import DeliveryFailed, Event
 from tests.unit.test_positioning import POLICY, ScriptedConsumer, batch, make_loop, positioned
 
 KEY = ("in", 3)

@@ -22,9 +22,9 @@ from service.backfill.slice_writer import (
     SliceWriter,
 )
 from service.contract.processing import Produced, process
-from service.errors import AbortableError, FencedError, PoisonRecordError, Where
+from service.errors import AbortableError, Failure, FencedError, PoisonRecordError, Where
 from service.examples.square import square
-from service.kafka.delivery import DeliveryFailures, Failure
+from service.kafka.delivery import DeliveryFailures
 
 PIECE = Slice(3, "in", 1, 100, 200)
 TASK = SliceTask(PIECE, "job", "p.backfill.job.3", "progress", transaction_records=10,

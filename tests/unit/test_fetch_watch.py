@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from service.stage import state as sm
+from service.stage import machine as sm
 from service.stage.fetch_watch import CONFIRM_S, MAX_WAIT_S, FetchWatch
 from tests.unit.test_positioning import ScriptedConsumer, make_loop, positioned
 

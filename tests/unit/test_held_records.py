@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 from service.contract.records import Output, Record
 from service.errors import TopicLimitPending
-from service.stage import state as sm
+from service.stage import machine as sm
 from tests.unit.test_positioning import ScriptedConsumer, batch, make_loop, positioned
 
 

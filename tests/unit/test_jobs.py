@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from service.stage import state as sm
+from service.stage import machine as sm
 from service.stage.jobs import Jobs
 from service.stage.partition import Partition
 

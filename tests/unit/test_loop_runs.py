@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError, Message
 
 from service.contract.processing import Processed, Produced
 from service.errors import AbortableError, Where
-from service.stage import state as sm
+from service.stage import machine as sm
 from service.stage.loop import Loop
 from service.stage.partition import Partition, TopicPartitionKey
 from tests.unit.test_positioning import (
@@ -93,7 +93,7 @@ def test_a_write_failing_inside_a_run_aborts_exactly_the_records_before_it() -> 
 
 
 def test_a_poison_record_inside_a_run_commits_the_records_before_it_first() -> None:
-    # The poison record's prefix is committed (state._poisoned): it must hold the run's
+    # The poison record's prefix is committed (machine.faults.poisoned): it must hold the run's
     # records up to the poison one, all written before the commit starts.
     poisoned = Message(topic=TOPIC, partition=0, offset=2813, key=b"k", value=b"not a number",
                        headers=None, error=None, timestamp=message(2813).timestamp())

@@ -13,6 +13,7 @@ from confluent_kafka import KafkaError
 
 from service.errors import (
     AbortableError,
+    Failure,
     FatalError,
     FencedError,
     KafkaOperationError,
@@ -20,9 +21,10 @@ from service.errors import (
     RetriableError,
     Where,
 )
-from service.kafka.delivery import Failure
-from service.stage import state as sm
-from service.stage.state import Pause, Phase
+from service.stage import machine as sm
+from service.stage.machine import Pause, Phase
+from service.stage.machine.phases import LEGAL
+from service.stage.machine.transitions import HANDLERS, IllegalTransition
 
 POLICY = sm.Policy(commit_interval_s=0.1, commit_max_records=1000, max_abort_streak=4,
                    retry_backoff_s=1.0, max_backoff_s=30.0, max_record_attempts=3,
@@ -583,7 +585,24 @@ def test_late_completions_after_release_change_nothing(event: sm.Event) -> None:
 def test_every_event_kind_has_a_handler() -> None:
     events = sm.Event.__args__  # type: ignore[attr-defined]
     for kind in events:
-        assert kind in sm._HANDLERS, kind
+        assert kind in HANDLERS, kind
+
+
+def test_a_phase_change_the_legal_table_does_not_list_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # FENCED goes on only through a new producer (INITIALISING): a handler that put a
+    # fenced partition straight back to ACTIVE would publish under a zombie.
+    def to_active(state: sm.PartitionState, event: sm.Tick, policy: sm.Policy) -> sm.Step:
+        return replace(state, phase=sm.Phase.ACTIVE), []
+
+    monkeypatch.setitem(HANDLERS, sm.Tick, to_active)  # type: ignore[arg-type]
+    with pytest.raises(IllegalTransition, match="fenced -> active"):
+        sm.transition(sm.PartitionState(sm.Phase.FENCED), sm.Tick(0.0), POLICY)
+
+
+def test_every_phase_has_its_legal_successors_listed() -> None:
+    assert set(LEGAL) == set(sm.Phase)
+    assert all(sm.Phase.RELEASED not in after for after in LEGAL.values())  # always allowed
 
 
 def test_unknown_events_are_rejected() -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError
 
-from service.errors import Where
-from service.kafka.errors import DeniedError, classify, transactional_prefix
+from service.errors import DeniedError, Where, transactional_prefix
+from service.kafka.errors import classify
 
 PRODUCER = Where("commit_transaction", "orders.in.3", "in", 3, 41)
 

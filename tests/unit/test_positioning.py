@@ -34,7 +34,7 @@ from service.kafka.cluster import OutputLimits
 from service.observability.health import Health
 from service.observability.metrics import Metrics
 from service.settings import load_settings
-from service.stage import state as sm
+from service.stage import machine as sm
 from service.stage.guarantees.guarantee import Committer
 from service.stage.loop import Loop
 from service.stage.partition import Partition, TopicPartitionKey

@@ -9,8 +9,7 @@ from confluent_kafka import KafkaError
 
 from service.contract.processing import Produced
 from service.contract.records import Output, Record
-from service.errors import AbortableError, Where
-from service.kafka.delivery import Failure
+from service.errors import AbortableError, Failure, Where
 from service.kafka.producer import PinnedProducer
 from service.tools.redrive import letters
 from service.tools.redrive.run import RedriveReport, _Writer

@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 from service import Output, Record
 from service.examples.square import square
 from service.observability.health import Health
-from service.stage import state as sm
+from service.stage import machine as sm
 from service.stage.loop import Loop
 from service.stage.partition import Partition
 from tests.unit.test_loop_runs import GroupConsumer, OrderedCommitter

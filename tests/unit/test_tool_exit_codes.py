@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError
 
-from service.errors import Where
-from service.kafka.errors import DeniedError
+from service.errors import DeniedError, Where
 from service.tools.audit import cli as audit_cli
 from service.tools.common import EXIT_CONFIG, run_tool
 from service.tools.redrive import cli as redrive_cli

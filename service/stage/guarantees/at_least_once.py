@@ -26,17 +26,16 @@ import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from service.contract.processing import Processed, Produced, written_before
-from service.errors import Where
+from service.errors import Failure, Where
 from service.kafka.config import producer_config
-from service.kafka.delivery import Failure
 from service.kafka.errors import translate
 from service.kafka.producer import produce
 from service.observability.logs import error_cb, librdkafka_logger
 from service.observability.metrics import Metrics
 from service.settings import Settings
 from service.stage.guarantees.guarantee import GroupMetadata, Job
+from service.stage.machine import AbortDone, CommitDone, DeliveryFailed, Event, InitDone, Txn
 from service.stage.partition import TopicPartitionKey
-from service.stage.state import AbortDone, CommitDone, DeliveryFailed, Event, InitDone, Txn
 
 log = structlog.get_logger(__name__)
 

@@ -22,8 +22,7 @@ from service.observability.logs import error_cb, librdkafka_logger
 from service.observability.metrics import Metrics
 from service.settings import Settings
 from service.stage.guarantees.guarantee import GroupMetadata, Job
-from service.stage.partition import TopicPartitionKey
-from service.stage.state import (
+from service.stage.machine import (
     AbortDone,
     AbortFailed,
     CommitDone,
@@ -33,6 +32,7 @@ from service.stage.state import (
     InitFailed,
     Txn,
 )
+from service.stage.partition import TopicPartitionKey
 
 log = structlog.get_logger(__name__)
 

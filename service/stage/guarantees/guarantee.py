@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from service.contract.processing import Processed, Produced
+from service.stage.machine import Event, Txn
 from service.stage.partition import TopicPartitionKey
-from service.stage.state import Event, Txn
 
 Job = Callable[[], Event | None]
 GroupMetadata = Callable[[], object]
