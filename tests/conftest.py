@@ -40,6 +40,8 @@ from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaService, ProxiedKafka, RunningKafka
 from tests.harness.proxy import FaultProxy
 
+pytest_plugins = ["tests.harness.durations"]
+
 UniqueName = Callable[[str], str]
 NewTopic = Callable[..., str]
 MakeCluster = Callable[..., KafkaCluster]

@@ -1,0 +1,75 @@
+"""What the parts of :class:`~service.stage.loop.Loop` share: the objects the loop
+holds (set in ``Loop.__init__``) and the calls one part makes on another. The parts
+(batch, positions, reports, housekeeping) are mixins over one object, so a call
+between them is a plain method call on the hot path."""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from confluent_kafka import Consumer, KafkaError, Message
+
+from service.contract.records import Record, Transform
+from service.kafka.cluster import OutputLimits
+from service.observability.health import Health
+from service.observability.metrics import Metrics
+from service.settings import Settings
+from service.stage import machine as sm
+from service.stage.fetch_watch import FetchWatch
+from service.stage.guarantees.guarantee import Committer
+from service.stage.jobs import Jobs
+from service.stage.partition import Partition, TopicPartitionKey
+
+
+class LoopState:
+    """The loop's fields, declared once for every part."""
+
+    settings: Settings
+    transform: Transform
+    metrics: Metrics
+    health: Health
+    limits: OutputLimits
+    consumer: Consumer
+    committer: Committer
+    policy: sm.Policy
+    jobs: Jobs
+    partitions: dict[TopicPartitionKey, Partition]
+    recorded: list[BaseException]
+    _topic_lookups: dict[str, Future[object]]
+    _produced: Tally[str]
+    _next_housekeeping: float
+    _batch: int
+    _assigning_since: float | None
+    _transform_seconds: Callable[[float], None]
+    fetch_watch: FetchWatch
+    _fetch_check: tuple[dict[TopicPartitionKey, int], Future[object]] | None
+    describe_requested: bool
+    stopping: bool
+    _warned_near_timeout: bool
+    _stalled_after_s: float
+    _no_offset: int
+
+    # Calls between parts: each is defined by the part named beside it.
+    def dispatch(self, partition: Partition, event: sm.Event) -> None:  # loop
+        raise NotImplementedError
+
+    def _consume_error(self, error: KafkaError, msg: Message) -> None:  # loop
+        raise NotImplementedError
+
+    def _seek(self, partition: Partition, offset: int) -> None:  # positions
+        raise NotImplementedError
+
+    def _check_first(self, partition: Partition, offset: int) -> bool:  # positions
+        raise NotImplementedError
+
+    def _dead_lettered(self, partition: Partition, record: Record,  # reports
+                       error: BaseException) -> None:
+        raise NotImplementedError
+
+    def _warn_near_timeout(self, partition: Partition, now: float) -> None:  # reports
+        raise NotImplementedError
+
+    def report_partitions(self) -> None:  # reports
+        raise NotImplementedError

@@ -1,0 +1,163 @@
+"""Where a partition resumes: the committed offset looked up in Kafka, the seek
+landed and the first record checked against it."""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+from confluent_kafka import (
+    OFFSET_END,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+
+from service.errors import (
+    KafkaOperationError,
+    RetriableError,
+    Where,
+)
+from service.kafka.errors import kafka_error, translate
+from service.stage import machine as sm
+from service.stage.guarantees.guarantee import Job
+from service.stage.loop_state import LoopState
+from service.stage.partition import Partition
+
+log = structlog.get_logger(__name__)
+
+_LOOKUP_RETRY_S = 0.2
+_STABLE_READ_S = 5.0
+
+
+class Positions(LoopState):
+    """Where each partition of :class:`Loop` resumes, and the seek that gets it there."""
+
+    def _take_group_metadata(self) -> object:
+        """The consumer's group metadata, for a committer to take as its commit
+        starts, on the loop thread (Committer.commit): the consumer must not be called
+        from another thread (its calls there wait while this thread sits in
+        consume()). At-least-once never takes it: it cost 0.1-0.3 ms a commit."""
+        return self.consumer.consumer_group_metadata()
+
+    def _seek(self, partition: Partition, offset: int) -> None:
+        """Fetch the partition from ``offset`` (< 0: none committed), and make sure of it.
+
+        librdkafka refuses a seek with _STATE while the partition is not fetching yet
+        (just assigned, its own committed-offset query still out). Its fetcher then
+        starts where that query says, but a refused seek also leaves librdkafka's
+        "application position" as it was, and every later pause moves the fetcher to
+        that position (rdkafka_partition.c). After a rebalance served inside consume()
+        that position can belong to records of the previous assignment, far ahead
+        (rdkafka_queue.c updates it after the callbacks): a chaos campaign saw a
+        partition resume 1 474 records past the offset Kafka had committed. So a
+        refused seek keeps the partition paused and is retried until it lands, and the
+        first record fetched after it must be at ``offset``: fetched from beyond it, the
+        seek is made once more (a gap that persists is real: transaction markers,
+        compaction, retention)."""
+        if offset < 0 and partition.started_at is not None:
+            offset = partition.started_at  # nothing committed yet: where it started
+        partition.position = max(offset, 0)
+        partition.seek_to = partition.sought = offset
+        partition.fetched_end = None
+        partition.check_first = True
+        partition.seek_batch = self._batch  # what this batch holds was fetched before it
+        partition.rechecked = None
+        log.debug("partition.positioned", topic=partition.topic, partition=partition.partition,
+                  committed_offset=offset)
+        if not self._land_seek(partition):
+            log.info("partition.seek_deferred", topic=partition.topic,
+                     partition=partition.partition, offset=offset,
+                     note="librdkafka is not fetching it yet: paused, the seek is retried")
+
+    def _land_seek(self, partition: Partition) -> bool:
+        offset = partition.seek_to
+        if offset is None:
+            return True
+        target = offset if offset >= 0 else self._no_offset
+        try:
+            self.consumer.seek(TopicPartition(partition.topic, partition.partition, target))
+        except KafkaException as exc:
+            error = kafka_error(exc)
+            if error is None or error.code() not in (KafkaError._STATE,
+                                                     KafkaError._PREV_IN_PROGRESS):
+                raise translate(exc, Where("seek", None, partition.topic, partition.partition,
+                                           offset)) from exc
+            self.consumer.pause([partition.tp])  # until the seek lands (tick retries it)
+            partition.refresh_flowing()
+            return False
+        partition.seek_to = None
+        partition.refresh_flowing()
+        return True
+
+    def _retry_seeks(self) -> None:
+        for partition in self.partitions.values():
+            if partition.seek_to is not None and not partition.releasing \
+                    and self._land_seek(partition) and not partition.state.paused:
+                self.consumer.resume([partition.tp])
+
+    def _check_first(self, partition: Partition, offset: int) -> bool:
+        """The first record after a seek to ``partition.position``; False when it came
+        from beyond it and the seek is made again. Once more from beyond it, the gap is
+        real (transactional input: the committed offset is often a commit marker)."""
+        expected = partition.position
+        if partition.sought < 0 and self._no_offset == OFFSET_END:
+            # Nothing committed, auto.offset.reset=latest: where the log ended is not
+            # known here (checked against 0 it would be sought again, to 0: the whole
+            # history). This record is where the partition starts, and where it goes
+            # back to while nothing is committed (an abort, a poison retry): sought
+            # to the end again, the records since would be skipped.
+            partition.started_at = partition.position = offset
+            expected = offset
+        if offset > expected and partition.rechecked is None:
+            self._seek(partition, expected)
+            partition.rechecked = offset
+            return False
+        if partition.rechecked is not None and offset < partition.rechecked:
+            log.warning("partition.fetch_position_corrected", topic=partition.topic,
+                        partition=partition.partition, position=expected,
+                        fetched_first=partition.rechecked,
+                        note="the fetcher started beyond the committed offset; sought again")
+            self.metrics.kafka_errors.labels(op="fetch_position", action="seek").inc()
+        partition.check_first, partition.rechecked = False, None
+        partition.refresh_flowing()
+        return True
+
+    def _lookup_position(self, partition: Partition, after_commit: bool = False) -> Job:
+        """The offset committed in Kafka. Asked with RequireStable, so a transaction
+        still holding offsets for the partition settles first. This runs only after
+        this replica's own init_transactions or abort_transaction returned, and both
+        return only once every earlier transaction of the partition's id is
+        complete; so when the broker does not answer a stable read in time (seen
+        after a broker restart), the plain committed offset is just as right. Not
+        ``after_commit`` (a poison retry's reposition): commit_transaction returns
+        once the coordinator has decided, before the markers that apply the
+        transaction's offsets are written, and a plain read then may give the offset
+        before it (its records would be processed twice). That lookup reads stable
+        only, until the deadline."""
+        topic, number = partition.key
+        deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000 + 30
+        cluster, group = self.limits.cluster, self.settings.group_id
+
+        def job() -> sm.Event:
+            stable = True
+            while True:
+                try:
+                    offset = cluster.committed_offset(group, topic, number, require_stable=stable,
+                                                      timeout_s=_STABLE_READ_S)
+                    return sm.Positioned(offset, time.monotonic())
+                except KafkaOperationError as error:
+                    pending = isinstance(error, RetriableError) or \
+                        error.code == KafkaError.UNSTABLE_OFFSET_COMMIT
+                    if not pending or time.monotonic() >= deadline:
+                        return sm.PositionFailed(error)
+                    stable = after_commit or error.code != KafkaError._TIMED_OUT
+                    log.info("position.retry", topic=topic, partition=number, error=str(error),
+                             stable=stable)
+                    time.sleep(_LOOKUP_RETRY_S)
+        return job
+
+    def _lookup_topic(self, partition: Partition, topic: str) -> None:
+        partition.waiting_topic = topic
+        if topic not in self._topic_lookups:
+            self._topic_lookups[topic] = self.jobs.submit(lambda: self.limits.resolve(topic))

@@ -1,0 +1,123 @@
+"""The state machine's reports turned into log lines and metrics."""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+
+from service.contract.records import Record
+from service.errors import (
+    FencedError,
+    KafkaOperationError,
+)
+from service.stage import machine as sm
+from service.stage.loop_state import LoopState
+from service.stage.partition import Partition
+
+log = structlog.get_logger(__name__)
+
+# A transaction still open after this share of transaction.timeout.ms is warned about.
+_NEAR_TIMEOUT = 0.5
+
+
+class Reports(LoopState):
+    """The state machine's reports turned into log lines and metrics (a part of :class:`Loop`)."""
+
+    def _report(self, partition: Partition, action: sm.Action) -> None:
+        where = {"topic": partition.topic, "partition": partition.partition,
+                 "transactional_id": self.committer.transactional_id(partition.key)}
+        match action:
+            case sm.Committed(txn, seconds):
+                if seconds >= 0:  # at-least-once seals a window: its offsets commit
+                    self.metrics.commit_seconds.observe(seconds)  # later, counted then
+                    self._end_to_end(txn)
+                    self.metrics.committed.inc()
+                    self.metrics.last_commit.set_to_current_time()
+                self.metrics.records_per_transaction.observe(txn.records)
+                # The commit trail (debug: one line per transaction) for tracing a
+                # partition's committed offsets after the fact, as a soak needs.
+                log.debug("transaction.committed", **where, first_offset=txn.first,
+                          next_offset=txn.next, records=txn.records)
+            case sm.Aborted("poison", _, attempt, cause):
+                self.metrics.aborted.labels(reason="poison").inc()
+                log.error("record.poison", **where, attempt=attempt,
+                          max_attempts=self.policy.max_record_attempts, error=cause)
+            case sm.Aborted(reason, txn, streak, cause):
+                self.metrics.aborted.labels(reason=reason).inc()
+                log.warning("transaction.aborted", **where, reason=reason, streak=streak,
+                            first_offset=txn.first if txn else None,
+                            last_offset=txn.last if txn else None, error=cause)
+            case sm.Fenced(txn, timed_out, cause):
+                self.metrics.producers_fenced.inc()
+                if txn is not None:
+                    self.metrics.aborted.labels(reason="timed_out" if timed_out else "fenced").inc()
+                log.warning("producer.fenced", **where, timed_out=timed_out, error=cause)
+                self.report_partitions()
+            case sm.Isolating(first, until):
+                log.warning("partition.isolating", **where, offsets=f"{first}..{until - 1}")
+            case sm.RecordRefused(offset, cause):
+                log.warning("record.output_refused", **where, offset=offset, error=cause)
+            case sm.Reclaiming():
+                log.info("producer.reclaimed", **where)
+            case _:
+                raise TypeError(f"no executor for {action!r}")
+
+    def _error_metric(self, error: KafkaOperationError) -> None:
+        self.metrics.kafka_errors.labels(op=error.where.op, action=error.action).inc()
+
+    def _abandoned(self, partition: Partition, event: sm.Event) -> None:
+        """The end of a job whose partition was given up while it ran (lost while
+        committing, say): nothing is left to decide, but a fence it found is reported as
+        any other is. (A paused replica that resumes often starts the commits that fell
+        due meanwhile before it hears its partitions are lost; they meet its successor's
+        fence, which the operator must see.)"""
+        error = getattr(event, "error", None)
+        if isinstance(error, FencedError):
+            self.metrics.producers_fenced.inc()
+            if isinstance(event, sm.CommitFailed):
+                self.metrics.aborted.labels(reason="fenced").inc()
+            log.warning("producer.fenced", topic=partition.topic, partition=partition.partition,
+                        transactional_id=self.committer.transactional_id(partition.key),
+                        on="abandoned", error=str(error))
+
+    def _end_to_end(self, txn: sm.Txn) -> None:
+        """A committed transaction's outputs are visible to read_committed readers now:
+        how long after its first and its last input record were appended (by their
+        timestamps: the producer's clock for CreateTime, the broker's for LogAppendTime)."""
+        now_ms = time.time() * 1000
+        for label, stamp in (("first", txn.first_ts_ms), ("last", txn.last_ts_ms)):
+            if stamp >= 0:
+                self.metrics.end_to_end_seconds.labels(record=label).observe(
+                    max(now_ms - stamp, 0.0) / 1000)
+
+    def _dead_lettered(self, partition: Partition, record: Record, error: BaseException) -> None:
+        self.metrics.dead_lettered.inc()
+        log.warning("record.dead_lettered", topic=record.topic, partition=record.partition,
+                    offset=record.offset,
+                    transactional_id=self.committer.transactional_id(partition.key),
+                    error_class=type(error).__name__, error=str(error))
+
+    def _warn_near_timeout(self, partition: Partition, now: float) -> None:
+        """A transaction that starts its commit with half its time-out gone means a
+        record's transform takes nearly as long as a transaction may: said once."""
+        txn = partition.state.txn
+        timeout_s = self.policy.transaction_timeout_s
+        if txn is None or self._warned_near_timeout or \
+                now - txn.opened_at < _NEAR_TIMEOUT * timeout_s:
+            return
+        self._warned_near_timeout = True
+        age = now - txn.opened_at
+        log.warning("transaction.near_timeout", topic=partition.topic,
+                    partition=partition.partition, open_s=round(age, 3), records=txn.records,
+                    seconds_per_record=round(age / max(txn.records, 1), 3),
+                    transaction_timeout_ms=round(timeout_s * 1000),
+                    note="one record's transform takes a large share of the transaction "
+                         "time-out: raise TXSTAGE_TRANSACTION_TIMEOUT_MS (the broker's "
+                         "transaction.max.timeout.ms bounds it) or make the transform faster; "
+                         "past the time-out the coordinator aborts the transaction")
+
+    def report_partitions(self) -> None:
+        """Readiness: a partition is ready once it processes records."""
+        ready = sum(1 for p in self.partitions.values() if p.state.ready)
+        self.health.partitions(len(self.partitions), ready)
