@@ -41,7 +41,7 @@ from service.settings import load_settings
 from service.stage import machine as sm
 from service.stage.guarantees.at_least_once import AtLeastOnce
 from service.stage.guarantees.exactly_once import ExactlyOnce
-from service.stage.guarantees.guarantee import Committer
+from service.stage.guarantees.guarantee import Guarantee
 from service.stage.loop import Loop
 from service.stage.partition import Partition
 
@@ -81,7 +81,7 @@ def _loop(guarantee: str) -> Loop:
         "TXSTAGE_INPUT_TOPICS": "in", "TXSTAGE_OUTPUT_TOPIC": "out",
         "TXSTAGE_TRANSFORM": "bench.transforms:identity", "TXSTAGE_GUARANTEE": guarantee})
     metrics = Metrics(CollectorRegistry())
-    committer: Committer
+    committer: Guarantee
     if guarantee == "exactly_once":
         eos = ExactlyOnce(settings, metrics)
         for number in range(PARTITIONS):

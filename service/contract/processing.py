@@ -35,7 +35,7 @@ class Produced(NamedTuple):
 
 
 # An input record and the outputs to write for it: a flowing partition's records are
-# written a run at a time (Committer.write_run), one call per partition per fetch.
+# written a run at a time (Guarantee.write_run), one call per partition per fetch.
 Processed = tuple[Record, list[Produced]]
 
 

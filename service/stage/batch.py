@@ -55,7 +55,7 @@ class Batch(LoopState):
         refused: ``PartitionState.flowing``, kept on the partition as its state
         changes) runs each record straight through ``processing.process``, and the
         records a fetch brought it in a row are written as one run
-        (``Committer.write_run``), its bookkeeping done once. Anything that could
+        (``Guarantee.write_run``), its bookkeeping done once. Anything that could
         change a partition's state ends the run first (writes it). A partition that
         is not flowing goes through ``_one``, which checks the state record by
         record; so do held records replayed with what the transform already yielded

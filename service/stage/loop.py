@@ -47,7 +47,7 @@ from service.settings import Settings
 from service.stage import machine as sm
 from service.stage.batch import Batch
 from service.stage.fetch_watch import FetchWatch
-from service.stage.guarantees.guarantee import Committer
+from service.stage.guarantees.guarantee import Guarantee
 from service.stage.housekeeping import Housekeeping
 from service.stage.jobs import Jobs
 from service.stage.partition import Partition, TopicPartitionKey
@@ -68,7 +68,7 @@ class Loop(Batch, Positions, Reports, Housekeeping):
 
     def __init__(self, settings: Settings, transform: Transform, metrics: Metrics,
                  health: Health, limits: OutputLimits, consumer: Consumer,
-                 committer: Committer, policy: sm.Policy) -> None:
+                 committer: Guarantee, policy: sm.Policy) -> None:
         self.settings = settings
         self.transform = transform
         self.metrics = metrics

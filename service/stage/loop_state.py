@@ -18,7 +18,7 @@ from service.observability.metrics import Metrics
 from service.settings import Settings
 from service.stage import machine as sm
 from service.stage.fetch_watch import FetchWatch
-from service.stage.guarantees.guarantee import Committer
+from service.stage.guarantees.guarantee import Guarantee
 from service.stage.jobs import Jobs
 from service.stage.partition import Partition, TopicPartitionKey
 
@@ -32,7 +32,7 @@ class LoopState:
     health: Health
     limits: OutputLimits
     consumer: Consumer
-    committer: Committer
+    committer: Guarantee
     policy: sm.Policy
     jobs: Jobs
     partitions: dict[TopicPartitionKey, Partition]

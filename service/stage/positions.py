@@ -35,7 +35,7 @@ class Positions(LoopState):
 
     def _take_group_metadata(self) -> object:
         """The consumer's group metadata, for a committer to take as its commit
-        starts, on the loop thread (Committer.commit): the consumer must not be called
+        starts, on the loop thread (Guarantee.commit): the consumer must not be called
         from another thread (its calls there wait while this thread sits in
         consume()). At-least-once never takes it: it cost 0.1-0.3 ms a commit."""
         return self.consumer.consumer_group_metadata()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import structlog
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -17,9 +16,7 @@ from service.observability.health import Health
 from service.observability.logs import librdkafka_logger
 from service.observability.metrics import Metrics
 from service.settings import Settings
-from service.stage.guarantees.at_least_once import AtLeastOnce
-from service.stage.guarantees.exactly_once import ExactlyOnce
-from service.stage.guarantees.guarantee import Committer
+from service.stage.guarantees.choice import for_settings
 from service.stage.loop import Loop
 from service.stage.machine import Policy
 from service.stage.rebalance import RebalanceListener
@@ -27,7 +24,6 @@ from service.stage.shutdown import Watchdog
 
 log = structlog.get_logger(__name__)
 
-OffsetsCommitted = Callable[[KafkaError | None, list[TopicPartition]], None]
 
 _MAX_ABORT_STREAK = 10  # a failed delivery often costs two aborts (failure, epoch bump)
 
@@ -46,13 +42,8 @@ class Stage:
         self.consumer = Consumer({**consumer_config(settings), "error_cb": self._on_client_error,
                                   "on_commit": self._on_commit,
                                   "logger": librdkafka_logger("consumer")})
-        committer: Committer
-        self._offsets_committed: OffsetsCommitted | None = None  # at-least-once only
-        if settings.exactly_once:
-            committer = ExactlyOnce(settings, metrics)
-        else:
-            committer = AtLeastOnce(settings, metrics, self._commit_offsets)
-            self._offsets_committed = committer.offsets_committed
+        committer, traits = for_settings(settings, metrics, self._commit_offsets)
+        self._offsets_committed = traits.offsets_committed  # at-least-once only
         self.committer = committer
         policy = Policy(
             commit_interval_s=settings.commit_interval_ms / 1000,
@@ -65,8 +56,8 @@ class Stage:
             # Past the deadline every Kafka call of a commit or an abort is given
             # (ExactlyOnce: the transaction timeout + 30 s), with a margin.
             stuck_after_s=settings.transaction_timeout_ms / 1000 + 40,
-            renew_after_abort=settings.exactly_once,  # at-least-once shares one producer
-            commits_deferred=not settings.exactly_once,  # at-least-once seals windows
+            renew_after_abort=traits.renew_after_abort,
+            commits_deferred=traits.commits_deferred,
         )
         self.loop = Loop(settings, transform, metrics, health, limits, self.consumer, committer,
                          policy)

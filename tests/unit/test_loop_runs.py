@@ -1,4 +1,4 @@
-"""A flowing partition's records are written a run at a time (``Committer.write_run``):
+"""A flowing partition's records are written a run at a time (``Guarantee.write_run``):
 whatever interrupts a run (a failed write, a poison record, another partition's
 record) must leave the partition's transaction holding exactly the records before
 it, written before the state machine hears of the interruption.

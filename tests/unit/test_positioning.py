@@ -35,7 +35,7 @@ from service.observability.health import Health
 from service.observability.metrics import Metrics
 from service.settings import load_settings
 from service.stage import machine as sm
-from service.stage.guarantees.guarantee import Committer
+from service.stage.guarantees.guarantee import Guarantee
 from service.stage.loop import Loop
 from service.stage.partition import Partition, TopicPartitionKey
 
@@ -106,7 +106,7 @@ def make_loop(consumer: ScriptedConsumer,
     limits = cast(OutputLimits,
                   SimpleNamespace(lookup=lambda topic: 1_000_000, forget=lambda: None))
     loop = Loop(settings, square, Metrics(CollectorRegistry()), Health(), limits,
-                cast("object", consumer), cast(Committer, committer), POLICY)  # type: ignore[arg-type]
+                cast("object", consumer), cast(Guarantee, committer), POLICY)  # type: ignore[arg-type]
     partition = Partition(TOPIC, 0)
     loop.partitions[partition.key] = partition
     partition.state = sm.PartitionState(sm.Phase.POSITIONING)

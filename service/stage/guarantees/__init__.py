@@ -1,6 +1,7 @@
 """The two delivery guarantees, behind the interface the loop uses.
 
-    guarantee.py       Committer: what the loop needs from a guarantee
+    guarantee.py       Guarantee: what the loop needs from either guarantee
+    choice.py          for_settings(): the one place a guarantee and its traits are picked
     exactly_once.py    pinned transactional producers, one per input partition
     at_least_once.py   one idempotent producer, offsets committed after delivery
 """

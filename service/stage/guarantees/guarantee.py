@@ -1,4 +1,4 @@
-"""The committer interface: what the loop needs from exactly-once and at-least-once
+"""The guarantee interface: what the loop needs from exactly-once and at-least-once
 alike. The loop never asks which one it has.
 
 A call that may wait on Kafka returns a ``Job`` (run beside the loop, its event
@@ -19,7 +19,9 @@ Job = Callable[[], Event | None]
 GroupMetadata = Callable[[], object]
 
 
-class Committer(Protocol):
+class Guarantee(Protocol):
+    """One delivery guarantee, as the loop drives it."""
+
     def init(self, key: TopicPartitionKey, replacing: bool = False) -> Job:
         """Make the partition's producer ready (exactly-once: init_transactions);
         ``replacing`` one given up after trouble (see state.StartInit)."""
