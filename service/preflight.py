@@ -17,6 +17,7 @@ from service.errors import (
 )
 from service.kafka.cluster import DEFAULT_MESSAGE_MAX_BYTES, UNSAID, Cluster
 from service.kafka.config import consumer_config, producer_config
+from service.kafka.retry import retry_until
 from service.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -36,29 +37,32 @@ def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) 
     through a new admin client: a replica that starts during a broker restart waits
     for it instead of exiting (chaos seed 11)."""
     deadline = time.monotonic() + wait_s
-    while True:
+
+    def checks() -> list[str]:
         try:
             problems = [*_topic_problems(settings, cluster),
                         *_group_problems(settings, cluster),
                         *_transactional_problems(settings, cluster),
                         *_timeout_problems(settings, cluster)]
-            if not problems:
-                problems = _size_problems(settings, cluster)
-            break
+            return problems or _size_problems(settings, cluster)
         except RetriableError as exc:
             denied = cluster.denial()
             if denied is not None:  # the cluster is there and said no: never wait for it
                 raise ConfigError(str(denied)) from exc
-            if time.monotonic() >= deadline:
-                raise _unreachable(settings, exc) from exc
-            log.warning("startup.cluster_unavailable", error=str(exc),
-                        waiting_s=round(deadline - time.monotonic(), 1))
-            time.sleep(_RETRY_S)
-            cluster.renew()  # a client that waited through the outage may not recover
-        except DeniedError as exc:
-            raise ConfigError(str(exc)) from exc
-        except KafkaOperationError as exc:
-            raise _unreachable(settings, exc) from exc
+            raise
+
+    def waiting(exc: RetriableError) -> None:
+        log.warning("startup.cluster_unavailable", error=str(exc),
+                    waiting_s=round(deadline - time.monotonic(), 1))
+
+    try:
+        # renew: a client that waited through the outage may not recover
+        problems = retry_until(deadline, checks, pause=_RETRY_S, on_retry=waiting,
+                               renew=cluster.renew)
+    except DeniedError as exc:
+        raise ConfigError(str(exc)) from exc
+    except KafkaOperationError as exc:  # a RetriableError too, once the wait is over
+        raise _unreachable(settings, exc) from exc
     if problems:
         raise ConfigError(*problems)
 

@@ -2,6 +2,7 @@
 
     errors.py       KafkaException -> the txstage error that says what to do
     config.py       Settings -> librdkafka configuration dicts
+    retry.py        retry_until: the one blocking retry loop (RetriableError until a deadline)
     producer.py     PinnedProducer: the only class that drives a transactional producer
     transaction.py  the commit: send_offsets_to_transaction + commit_transaction
     delivery.py     failed deliveries, recorded by callbacks that never raise

@@ -31,9 +31,11 @@ from service.errors import (
 from service.kafka.config import Config
 from service.kafka.errors import translate
 from service.kafka.reading import group_reader
+from service.kafka.retry import retry_until
 from service.observability.logs import librdkafka_logger
 
 _TIMEOUT_S = 15.0
+_RESOLVE_PAUSE_S = 0.5  # between OutputLimits.resolve's attempts
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's producer default
 _LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 
@@ -362,21 +364,15 @@ class OutputLimits:
         """Look the topic's limit up (blocking); retriable failures are retried until
         the deadline, then raised."""
         deadline = time.monotonic() + self._deadline_s
-        while True:
-            try:
-                config = self.cluster.topic_config(topic)
-            except UnknownTopicError:
-                self._unknown[topic] = time.monotonic() + self._unknown_ttl_s
-                return
-            except DeniedError:  # no DESCRIBE_CONFIGS: the producer's own limit
-                self._known[topic] = self._producer_max
-                return
-            except RetriableError:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.5)
-                continue
-            topic_max = int(config.get("max.message.bytes", self._producer_max))
-            self._known[topic] = min(topic_max, self._producer_max)
-            self._unknown.pop(topic, None)
+        try:
+            config = retry_until(deadline, lambda: self.cluster.topic_config(topic),
+                                 pause=_RESOLVE_PAUSE_S)
+        except UnknownTopicError:
+            self._unknown[topic] = time.monotonic() + self._unknown_ttl_s
             return
+        except DeniedError:  # no DESCRIBE_CONFIGS: the producer's own limit
+            self._known[topic] = self._producer_max
+            return
+        topic_max = int(config.get("max.message.bytes", self._producer_max))
+        self._known[topic] = min(topic_max, self._producer_max)
+        self._unknown.pop(topic, None)

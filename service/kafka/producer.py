@@ -30,12 +30,14 @@ from service.errors import (
 from service.kafka.config import Config
 from service.kafka.delivery import DeliveryFailures
 from service.kafka.errors import classify, kafka_error, translate
+from service.kafka.retry import retry_until
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 _QUEUE_FULL_WAIT_S = 0.05
 _MIN_CALL_S = 0.1
+_RETRY_PAUSE_S = 0.05
 _WARM_UP_S = 5.0  # the metadata request before init_transactions (see PinnedProducer.init)
 # How long a bare _FATAL waits for librdkafka to queue its cause (see _fatal_cause).
 _FATAL_CAUSE_WAIT_S = 0.5
@@ -165,16 +167,16 @@ class PinnedProducer:
         begun as the broker died never returned). A call that timed out is resumed by
         calling it again; past the deadline the RetriableError reaches the caller."""
         deadline = time.monotonic() + self.deadline_s
-        while True:
-            try:
-                with self._translated(op):
-                    return call(max(deadline - time.monotonic(), _MIN_CALL_S))
-            except RetriableError as exc:
-                if time.monotonic() >= deadline:
-                    raise
-                log.warning("kafka.retry", op=op, error=str(exc),
-                            transactional_id=self.transactional_id)
-                time.sleep(0.05)
+
+        def attempt() -> T:
+            with self._translated(op):
+                return call(max(deadline - time.monotonic(), _MIN_CALL_S))
+
+        def logged(exc: RetriableError) -> None:
+            log.warning("kafka.retry", op=op, error=str(exc),
+                        transactional_id=self.transactional_id)
+
+        return retry_until(deadline, attempt, pause=_RETRY_PAUSE_S, on_retry=logged)
 
     def init(self) -> None:
         """init_transactions: fences any older producer with this id, finishes its txn.
