@@ -1,20 +1,18 @@
-"""Helpers shared by the benchmark and the demo: stage processes, /metrics parsing,
-topics and offsets. Plain functions over a bootstrap string; no test framework. The
-broker itself comes from the package (:mod:`service.local_kafka`), never from tests/."""
+"""Helpers shared by the benchmark and the demo: the environment of stage processes,
+/proc readings, /metrics parsing, topics and offsets. Plain functions over a bootstrap
+string; no test framework. The broker itself comes from the package
+(:mod:`service.local_kafka`); a stage process is the tests' own
+:class:`tests.harness.replica.Replica` (``Replica.standalone``), which needs nothing
+of the test suite but that module."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
-import sys
-import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -40,115 +38,6 @@ def stage_env(settings: Mapping[str, str]) -> dict[str, str]:
     caller's shell must not change what is measured), plus ``settings``."""
     base = {k: v for k, v in os.environ.items() if not k.upper().startswith("TXSTAGE_")}
     return {**base, **settings}
-
-
-class StageProcess:
-    """A child Python process (a stage replica by default) logging to ``log_path``.
-
-    It runs in a session of its own, so a Ctrl-C at the terminal reaches only us (the
-    stage would read a second signal as "exit at once"), and it is SIGKILLed by the
-    kernel if we die without cleaning up (parent-death signal, via ``setpriv``).
-    """
-
-    def __init__(self, name: str, env: Mapping[str, str], log_path: Path, port: int,
-                 argv: Sequence[str] = ("-m", "service", "run")) -> None:
-        self.name = name
-        self.port = port
-        self.log_path = log_path
-        self.argv = [sys.executable, *argv]
-        self.env = dict(env)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._stop_requested = False
-
-    def start(self, *, append: bool = False) -> StageProcess:
-        self._stop_requested = False
-        command = list(self.argv)
-        setpriv = shutil.which("setpriv")
-        if setpriv and threading.current_thread() is threading.main_thread():
-            command = [setpriv, "--pdeathsig", "KILL", "--", *command]
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab" if append else "wb") as log:
-            self.proc = subprocess.Popen(command, cwd=REPO_ROOT, env=self.env,
-                                         stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None, "not started"
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def get(self, path: str, timeout: float = 2.0) -> tuple[int, str] | None:
-        """``(status, body)`` of an HTTP GET on the replica's port, None if it does not answer."""
-        return http_get(self.port, path, timeout)
-
-    def ready(self) -> bool:
-        answer = self.get("/readyz")
-        return answer is not None and answer[0] == 200
-
-    def metrics(self) -> str:
-        answer = self.get("/metrics")
-        return answer[1] if answer is not None and answer[0] == 200 else ""
-
-    def wait_ready(self, timeout: float, interval: float = 0.05) -> float:
-        """Seconds until /readyz answers 200; raises if the process exits or time runs out."""
-        started = time.monotonic()
-        while not self.ready():
-            if not self.alive():
-                raise RuntimeError(f"{self.name} exited with {self.returncode()} before it was "
-                                   f"ready\n{self.log_tail()}")
-            if time.monotonic() - started > timeout:
-                raise TimeoutError(f"{self.name} not ready after {timeout:.0f} s\n"
-                                   f"{self.log_tail()}")
-            time.sleep(interval)
-        return time.monotonic() - started
-
-    def returncode(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-    def request_stop(self) -> None:
-        """Send SIGTERM once: the stage reads a second one as "exit at once, commit nothing"."""
-        if self.proc is not None and self.alive() and not self._stop_requested:
-            self._stop_requested = True
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-
-    def terminate(self, timeout: float = 60.0) -> int:
-        """SIGTERM once (the stage commits and exits 0), SIGKILL after ``timeout``: the exit
-        code."""
-        if self.proc is None:
-            return 0
-        self.request_stop()
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return self.proc.wait()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            self.proc.wait(10)
-
-    def log_tail(self, lines: int = 30) -> str:
-        if not self.log_path.exists():
-            return f"({self.log_path} does not exist)"
-        text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
-        return "\n".join([f"--- {self.name}: {self.log_path}", *text])
-
-
-def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, str] | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
-            return int(r.status), r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError:
-        return None
 
 
 @dataclass(frozen=True, slots=True)

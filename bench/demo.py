@@ -25,7 +25,6 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from bench.common import (
     REPO_ROOT,
     OffsetProbe,
-    StageProcess,
     behind,
     ensure_topics,
     histogram,
@@ -36,6 +35,7 @@ from bench.common import (
 )
 from service.examples.square import square
 from service.tools.verify import HangingTransactionError, Report, verify
+from tests.harness.replica import Replica
 
 BOOTSTRAP = "127.0.0.1:9092"
 INPUT, OUTPUT, DLQ = "txstage-demo-in", "txstage-demo-out", "txstage-demo-dlq"
@@ -141,7 +141,7 @@ def ensure_broker() -> None:
         raise SystemExit("demo: the local Kafka could not be started (see above)")
 
 
-def start_replicas(first_port: int) -> list[StageProcess]:
+def start_replicas(first_port: int) -> list[Replica]:
     ports = [first_port, first_port + 1]
     taken = [port for port in ports if port_taken(port)]
     if taken:
@@ -159,8 +159,8 @@ def start_replicas(first_port: int) -> list[StageProcess]:
             "TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
             "TXSTAGE_CONSUMER__HEARTBEAT_INTERVAL_MS": "1000",
         })
-        replicas.append(StageProcess(f"replica-{n}", env, LOG_DIR / f"replica-{n}.log",
-                                     port).start())
+        replicas.append(Replica.standalone(f"replica-{n}", env, LOG_DIR / f"replica-{n}.log",
+                                           port).start())
     return replicas
 
 
@@ -171,7 +171,7 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def print_banner(replicas: list[StageProcess], rate: float, seconds: float | None) -> None:
+def print_banner(replicas: list[Replica], rate: float, seconds: float | None) -> None:
     lines = [f"txstage demo: Kafka at {BOOTSTRAP} (left running; `make kafka-down` stops it)",
              f"  {INPUT} (8 partitions) --square--> {OUTPUT} (8), dead letters -> {DLQ} (1), "
              f"group {GROUP}",
@@ -208,10 +208,10 @@ class Status:
                 f"backlog {pending:>5} | " + " | ".join(self.replicas))
 
 
-def replica_summary(r: StageProcess) -> str:
+def replica_summary(r: Replica) -> str:
     if not r.alive():
         return f"{r.name}: exited {r.returncode()}"
-    text = r.metrics()
+    text = r.scrape()
     if not text:
         return f"{r.name}: not answering"  # starting, or stopped (SIGSTOP)
     pinned = metric_value(text, "txstage_pinned_producers")
@@ -224,7 +224,7 @@ class Watch:
     """Builds a status line from the generator, the reader, the group and the replicas."""
 
     def __init__(self, generator: Generator, reader: Reader,
-                 replicas: list[StageProcess]) -> None:
+                 replicas: list[Replica]) -> None:
         self.generator, self.reader, self.replicas = generator, reader, replicas
         self.began = time.monotonic()
         self.probe = OffsetProbe(BOOTSTRAP, GROUP)
@@ -343,11 +343,11 @@ def install_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGTERM, handle)
 
 
-def stop_replicas(replicas: list[StageProcess], grace: float) -> list[int]:
+def stop_replicas(replicas: list[Replica], grace: float) -> list[int]:
     """SIGTERM every replica at once, then wait; exit codes."""
     for r in replicas:
         r.request_stop()
-    return [r.terminate(grace) for r in replicas]
+    return [r.stop(grace) for r in replicas]
 
 
 def run(args: argparse.Namespace, stop: threading.Event) -> int:
@@ -380,7 +380,7 @@ def run(args: argparse.Namespace, stop: threading.Event) -> int:
             w.close()
 
 
-def finish(w: Watch, generator: Generator, replicas: list[StageProcess]) -> int:
+def finish(w: Watch, generator: Generator, replicas: list[Replica]) -> int:
     """Stop the input, drain, SIGTERM the replicas, verify: the exit code."""
     undelivered = generator.stop()
     print(f"generator stopped: {generator.produced} inputs "

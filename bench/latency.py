@@ -37,8 +37,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 
-from bench.common import StageProcess, ensure_topics, free_port, histogram, stage_env
+from bench.common import ensure_topics, free_port, histogram, stage_env
 from bench.throughput import broker
+from tests.harness.replica import Replica
 
 STAMP_DIGITS = 19  # time.time_ns() until the year 2286
 
@@ -91,7 +92,7 @@ def read_latencies(bootstrap: str, topic: str, expected: threading.Event, total:
 
 
 def _replica(args: argparse.Namespace, bootstrap: str, run_id: str, topic: str, output: str,
-             number: int, log_dir: Path) -> StageProcess:
+             number: int, log_dir: Path) -> Replica:
     port = free_port()
     settings = {
         "TXSTAGE_BOOTSTRAP_SERVERS": bootstrap, "TXSTAGE_GROUP_ID": f"latency-{run_id}",
@@ -104,8 +105,8 @@ def _replica(args: argparse.Namespace, bootstrap: str, run_id: str, topic: str, 
     }
     if args.group_protocol == "classic":
         settings["TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS"] = str(args.session_timeout_ms)
-    return StageProcess(f"replica-{number}", stage_env(settings),
-                        log_dir / f"replica-{number}.log", port).start()
+    return Replica.standalone(f"replica-{number}", stage_env(settings),
+                              log_dir / f"replica-{number}.log", port).start()
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -159,10 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             total[0] = sent
             expected.set()
             reader.join(args.seconds + 130)
-            scraped = replicas[-1].metrics()
+            scraped = replicas[-1].scrape()
         finally:
             killer.cancel()
-            codes = [replica.terminate() for replica in replicas[1 if killed_at else 0:]]
+            codes = [replica.stop() for replica in replicas[1 if killed_at else 0:]]
     return report(args, run_id, log_dir, codes, latencies, sent, took, killed_at, scraped)
 
 

@@ -27,9 +27,10 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.common import REPO_ROOT, StageProcess, ensure_topics, free_port, stage_env
+from bench.common import REPO_ROOT, ensure_topics, free_port, stage_env
 from bench.throughput import broker, prefill
 from service.tools.verify import committed_offsets, end_offsets
+from tests.harness.replica import Replica
 
 TRANSFORM = "bench.transforms:identity_failing_every_hundredth"
 
@@ -74,8 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "TXSTAGE_DLQ_TOPIC": topics["dlq"], "TXSTAGE_TRANSFORM": TRANSFORM,
                          "TXSTAGE_LOG_LEVEL": "WARNING"})
         with tempfile.TemporaryDirectory() as logs:
-            stage = StageProcess("stage", {**env, "TXSTAGE_METRICS_PORT": str(free_port())},
-                                 Path(logs) / "stage.log", 0).start()
+            port = free_port()
+            stage = Replica.standalone("stage", {**env, "TXSTAGE_METRICS_PORT": str(port)},
+                                       Path(logs) / "stage.log", port).start()
             began = time.monotonic()
             ends = end_offsets(bootstrap, [topics["in"]])
             while any(committed_offsets(bootstrap, f"ops-{run}", [topics["in"]]).get(k, -1) < e
@@ -83,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if time.monotonic() - began > 900:
                     raise RuntimeError("the stage did not commit the input in 15 minutes")
                 time.sleep(1)
-            stage.terminate()
+            stage.stop()
         print(f"stage: committed everything in {time.monotonic() - began:.1f} s")
 
         audit, peak = tool(env, "audit", "--stuck-after", "0")

@@ -45,7 +45,6 @@ from bench.common import (
     THREAD_GROUPS,
     OffsetProbe,
     ProcStatus,
-    StageProcess,
     TopicPartitionKey,
     behind,
     broker_cpu_by_thread_group,
@@ -54,7 +53,6 @@ from bench.common import (
     ensure_topics,
     free_port,
     histogram,
-    http_get,
     listening_pids,
     log_batches,
     metric_value,
@@ -65,6 +63,7 @@ from bench.common import (
 )
 from bench.transforms import identity
 from service.tools.verify import HangingTransactionError, verify
+from tests.harness.replica import Replica
 
 MODES = ("exactly_once", "at_least_once", "bare")
 VARIANT = "exactly_once_variant"  # --variant: exactly-once with other settings
@@ -211,7 +210,7 @@ def with_broker_idle_rate(w: Workload, seconds: float = 3.0) -> Workload:
 
 
 def _process(w: Workload, mode: str, group: str, output: str,
-             argv: Sequence[str] | None) -> StageProcess:
+             argv: Sequence[str] | None) -> Replica:
     settings = {
         "TXSTAGE_BOOTSTRAP_SERVERS": w.bootstrap, "TXSTAGE_GROUP_ID": group,
         "TXSTAGE_INPUT_TOPICS": w.topic, "TXSTAGE_OUTPUT_TOPIC": output,
@@ -226,10 +225,10 @@ def _process(w: Workload, mode: str, group: str, output: str,
     settings["TXSTAGE_METRICS_PORT"] = str(port)
     if argv is None:
         argv = ("-m", "bench.bare") if mode == "bare" else ("-m", "service", "run")
-    return StageProcess(mode, stage_env(settings), w.log_dir / f"{group}.log", port, argv)
+    return Replica.standalone(mode, stage_env(settings), w.log_dir / f"{group}.log", port, argv)
 
 
-def _poll(condition: Callable[[], bool], proc: StageProcess, timeout: float, period: float,
+def _poll(condition: Callable[[], bool], proc: Replica, timeout: float, period: float,
           what: str) -> float:
     """Poll until ``condition``; the monotonic time it first held."""
     deadline = time.monotonic() + timeout
@@ -238,17 +237,18 @@ def _poll(condition: Callable[[], bool], proc: StageProcess, timeout: float, per
             return time.monotonic()
         if not proc.alive():
             raise RuntimeError(f"{proc.name} exited ({proc.returncode()}) while waiting for "
-                               f"{what}\n{proc.log_tail()}")
+                               f"{what}\n{proc.log_excerpt()}")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{proc.name}: no {what} after {timeout:.0f} s\n{proc.log_tail()}")
+            raise TimeoutError(f"{proc.name}: no {what} after {timeout:.0f} s\n"
+                               f"{proc.log_excerpt()}")
         time.sleep(period)
 
 
-def _sample_before_assignment(proc: StageProcess, timeout: float) -> ProcStatus | None:
+def _sample_before_assignment(proc: Replica, timeout: float) -> ProcStatus | None:
     """/proc status as soon as the replica serves HTTP, while it has no partitions yet."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.alive():
-        answer = http_get(proc.port, "/readyz", 0.5)
+        answer = proc.answer("/readyz", 0.5)
         if answer is not None:
             status = proc_status(proc.pid)
             detail = json.loads(answer[1])
@@ -257,7 +257,7 @@ def _sample_before_assignment(proc: StageProcess, timeout: float) -> ProcStatus 
     return None
 
 
-def _ready(proc: StageProcess) -> Callable[[], bool]:
+def _ready(proc: Replica) -> Callable[[], bool]:
     if proc.argv[-1] == "bench.bare":
         return lambda: ASSIGNED_LINE in proc.log_path.read_text(errors="replace")
     return proc.ready
@@ -299,9 +299,9 @@ def measure(w: Workload, mode: str, *, argv: Sequence[str] | None = None,
             threads_done, broker_done = thread_cpu(proc.pid), _broker_threads(w)
             recording = profile.stop() if profile is not None else None
             memory["at_end"] = proc_status(proc.pid)
-            text = proc.metrics()
+            text = proc.scrape()
         finally:
-            code = proc.terminate()
+            code = proc.stop()
     seconds = done - first
     result = ModeResult(mode=mode, partitions=w.partitions, records=w.records,
                         seconds=round(seconds, 3),
@@ -699,7 +699,7 @@ def warm_up(w: Workload, records: int, say: Callable[[str], None]) -> None:
             _poll(lambda: sum(max(o, 0) for o in probe.committed(w.ends).values()) >= target,
                   proc, w.timeout_s, POLL_S, "warm-up")
         finally:
-            proc.terminate()
+            proc.stop()
     say(f"  warm-up: {target:,} records through an exactly-once replica "
         f"in {time.monotonic() - started:.1f} s (not measured)")
 

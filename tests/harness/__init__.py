@@ -1,12 +1,16 @@
-"""Test harness: helpers around a real Apache Kafka broker.
-
-The broker itself (install, ``KafkaCluster`` with 1 or 3 KRaft nodes and
-stop/kill/pause/resume/restart, ``txstage kafka install|up|down|status``) is a product
+"""Test harness: everything a test uses that is not a test. The broker itself
+(install, ``KafkaCluster`` with 1 or 3 KRaft nodes and its faults) is a product
 feature: :mod:`service.local_kafka`.
 
-- ``tests.harness.kafka``: ``KafkaService`` / ``RunningKafka`` (what the ``kafka`` fixture
-  hands out) and the runner's names re-exported for tests.
-- ``tests.harness.reading``: ``read_committed``, ``read_uncommitted``, ``end_offsets``,
-  ``committed_offsets`` and the ``ReadRecord`` they return.
-- ``tests.harness.admin``: ``create_topic``, leaders, ISRs, live brokers.
+- ``kafka``: ``KafkaService`` / ``RunningKafka`` (what the ``kafka`` fixture hands out)
+- ``replica``: ``Replica``, one stage as a real process (tests and benchmarks alike)
+- ``stage``: ``StageSetup`` and ``build_stage`` (topics, group and replicas of one
+  stage), waiting and input helpers
+- ``transforms``: the transforms tests name in ``TXSTAGE_TRANSFORM``
+- ``reading``: ``read_committed``, ``read_uncommitted``, ``end_offsets``, ``committed_offsets``
+- ``admin``: ``create_topic``, leaders, ISRs, live brokers
+- ``proxy``: a Kafka-protocol fault proxy; ``containers``: podman images
+- ``operator_tools``, ``backfill_faults``, ``offset_hammer``, ``spark``: helpers of
+  the tool, backfill and offset-reading tests
+- ``durations``: seconds per test module, printed at the end of a run
 """

@@ -1,20 +1,14 @@
-"""Replicas of the stage as real OS processes (``python -m service run``), and the
-waiting and input helpers the stage tests share."""
+"""Replicas of the stage as real OS processes (``python -m service run``, the
+``Replica`` of :mod:`tests.harness.replica`, re-exported here), and the waiting and
+input helpers the stage tests share."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
 
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -26,127 +20,11 @@ from service.contract.records import Transform
 from service.examples.square import square
 from service.tools.verify import Report, committed_offsets, end_offsets, verify
 from tests.harness.admin import create_topic
-from tests.harness.kafka import free_ports
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def stage_tree() -> Path:
-    """The source tree replicas run from (their cwd, so ``service`` and the test
-    transforms are imported from it): this repo, or ``$TXSTAGE_TEST_STAGE_TREE`` to run
-    another version of the stage under the same tests, e.g. to show that a regression
-    test fails on the code before a fix. That tree needs ``tests/harness/
-    transforms.py`` with the transforms the tests name."""
-    override = os.environ.get("TXSTAGE_TEST_STAGE_TREE")
-    return Path(override).resolve() if override else REPO_ROOT
-
-
-class Replica:
-    """One stage process; its log is JSON lines in ``log_path``. Every replica started
-    is in ``Replica.started`` until ``kill_leftovers`` (after each test) ends it."""
-
-    started: ClassVar[list[Replica]] = []
-
-    @classmethod
-    def kill_leftovers(cls) -> list[str]:
-        """SIGKILL every replica still running; the names of those that were."""
-        running = [replica for replica in cls.started if replica.alive()]
-        for replica in running:
-            replica.kill()
-        cls.started.clear()
-        return [replica.name for replica in running]
-
-    def __init__(self, name: str, env: dict[str, str], log_dir: Path) -> None:
-        self.name = name
-        self.port = free_ports(1)[0]
-        self.env = {**os.environ, **env, "TXSTAGE_METRICS_PORT": str(self.port),
-                    "TXSTAGE_METRICS_HOST": "127.0.0.1", "PYTHONUNBUFFERED": "1"}
-        self.log_path = log_dir / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Replica:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service", "run"], cwd=stage_tree(), env=self.env,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        Replica.started.append(self)
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def signal(self, sig: signal.Signals) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def terminate(self, timeout: float = 60) -> int:
-        """SIGTERM and wait: the exit code."""
-        self.signal(signal.SIGTERM)
-        assert self.proc is not None
-        return self.proc.wait(timeout)
-
-    def kill(self) -> None:
-        if self.alive():
-            self.signal(signal.SIGKILL)
-            assert self.proc is not None
-            self.proc.wait(10)
-
-    def get(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-
-    def ready(self) -> bool:
-        try:
-            return self.get("/readyz")[0] == 200
-        except OSError:
-            return False
-
-    def metrics(self) -> str:
-        return self.get("/metrics")[1]
-
-    def log_lines(self) -> list[dict[str, object]]:
-        lines = []
-        for raw in self.log_path.read_text(errors="replace").splitlines():
-            try:
-                lines.append(json.loads(raw))
-            except json.JSONDecodeError:
-                lines.append({"event": "<not json>", "raw": raw})
-        return lines
-
-    def events(self, name: str) -> list[dict[str, object]]:
-        return [line for line in self.log_lines() if line.get("event") == name]
-
-    def diagnosis(self, lines: int = 40) -> str:
-        """The log without connection noise: why the stage failed if it did, its last
-        ``lines`` lines, then the last thread dump and partition states (SIGUSR1) if
-        there were any."""
-        text = self.log_path.read_text(errors="replace").splitlines()
-        noise = ("kafka.client_error", "Connect to ipv4", "brokers are down")
-        quiet = [line for line in text if not any(n in line for n in noise)]
-        dump_at = max((i for i, line in enumerate(text)
-                       if line.startswith(("Thread 0x", "Current thread 0x"))), default=None)
-        parts = quiet[-lines:]
-        failed = [line for line in text if '"event": "stage.failed"' in line]
-        if failed:  # first: a long tail is often cut in the middle where it is shown
-            parts = ["--- why it failed", *failed, "--- the log's end", *parts]
-        if dump_at is not None:
-            start = dump_at
-            while start > 0 and (not text[start - 1] or text[start - 1].startswith(
-                    ("Thread 0x", "Current thread", "  File "))):
-                start -= 1
-            parts += ["--- thread stacks (SIGUSR1)", *text[start:dump_at + 200]]
-        return "\n".join(parts)
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+# Re-exported, as the tests import them from here (the alias says so to mypy).
+from tests.harness.replica import REPO_ROOT as REPO_ROOT  # noqa: PLC0414
+from tests.harness.replica import Replica as Replica  # noqa: PLC0414
+from tests.harness.replica import stage_tree as stage_tree  # noqa: PLC0414
 
 
 def samples(replica: Replica) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
