@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from service.backfill.plan import PartitionRange
 from service.backfill.specs import Bound, Earliest, KafkaSource, Latest, Offsets, Timestamp
 from service.errors import ConfigError, Where
-from service.kafka.errors import translated
+from service.kafka.errors import translate_error, translated
 
 TIMEOUT_S = 30.0
 _EARLIEST = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
@@ -48,7 +48,7 @@ def topic_partitions(admin: AdminClient, topic: str) -> list[int] | None:
         if described.error is not None:
             if described.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 return None
-            raise KafkaException(described.error)
+            raise translate_error(described.error, Where("list_topics", topic=topic))
         return sorted(described.partitions)
 
 

@@ -26,15 +26,14 @@ from typing import Any, Protocol
 
 from confluent_kafka import (
     KafkaError,
-    KafkaException,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 
 from service.backfill.plan import Plan, Slice
 from service.errors import Where
-from service.kafka.errors import translate, translated
+from service.kafka.errors import translate_error, translated
+from service.kafka.topics import create_topic
 
 PARTITION = 0
 VERSION = 1
@@ -157,7 +156,7 @@ def _records(consumer: ProgressConsumer, topic: str, low: int, high: int,
                 position = message.offset() + 1
                 yield message.key(), message.value()
             elif error.code() != KafkaError._PARTITION_EOF:
-                raise translate(KafkaException(error), where)
+                raise translate_error(error, where)
             elif message.offset() >= high:
                 return
         if time.monotonic() > deadline:
@@ -187,12 +186,4 @@ class WatermarkConsumer(Protocol):
 
 def ensure_topic(admin: AdminClient, topic: str) -> None:
     """Create the progress topic (compacted, one partition) unless it exists."""
-    new = NewTopic(topic, num_partitions=1, replication_factor=-1,
-                   config={"cleanup.policy": "compact"})
-    with translated(Where("create_topics", topic=topic)):
-        try:
-            futures = admin.create_topics([new], request_timeout=30.0)
-            futures[topic].result()
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
+    create_topic(admin, topic, partitions=1, config={"cleanup.policy": "compact"})

@@ -17,7 +17,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+# A fetch error fails the Spark task as librdkafka raised it; Spark retries the task.
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition  # noqa: TID251
 
 from service.backfill import kafka_clients
 from service.contract.records import Record

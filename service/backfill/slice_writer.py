@@ -1,35 +1,18 @@
 """The exactly-once unit of the Kafka sink: one slice, one transactional producer.
 
-A slice attempt (a Spark task attempt, or a retry of it) runs these steps in order:
+A slice attempt: ``init_transactions()`` under ``<prefix>.backfill.<job_id>.<slice>``
+(fencing an earlier attempt); read the slice's committed progress (read_committed);
+read the inputs from there and ``process()`` each (the stream's own function), its
+outputs produced inside the open transaction; at each bound (records, bytes kept for
+a replay, or time) produce the new progress record and commit, outputs and progress
+together; at the end, a last commit marks the slice done. "Done" is checked, not
+assumed: a file range must deliver its counted rows, a Kafka range that stops short
+asks Kafka (``Unread``) whether a record is left, else IncompleteSliceError.
 
-1. ``init_transactions()`` under ``<prefix>.backfill.<job_id>.<slice>``: the coordinator
-   aborts whatever an earlier attempt left open and fences it (its next call fails).
-2. Read the slice's committed progress (read_committed, after step 1, so it is final).
-3. Read the inputs from there (a Kafka source seeks to it: service.backfill.slice_reader;
-   a file source skips inputs below it); for each input, ``process()`` it (the
-   stream's own function: same outputs, same lineage headers, same dead-letter policy)
-   and produce its outputs inside the open transaction.
-4. Every ``transaction_records`` inputs, ``transaction_bytes`` kept for a replay (the
-   inputs and their outputs), or ``transaction_ms``: produce the new progress
-   record and ``commit_transaction()`` — outputs and progress become visible together.
-5. At the end of the input, once the slice's whole range was read (below): a last
-   commit that marks the slice done.
-
-"Done" is a promise that every input of the range is written, so it is checked, not
-assumed from the end of what Spark handed over. A file range's row count is known
-exactly (the plan counted it): every row must have arrived. A Kafka range may have
-gaps (transaction markers, aborted or compacted records), so when the input stops
-short of the range's end, ``unread`` asks Kafka (read_committed) for a record between
-where it stopped and the end: if there is one, what was read is committed, not marked
-done, and the attempt fails with IncompleteSliceError (a retry resumes from there).
-
-Errors follow the stream's rules (service.errors): retriable → retry the same call;
-abortable → abort and commit the transaction's inputs again from memory (their outputs
-are kept, the transform is not called twice), dead-lettering a record whose outputs the
-broker refuses (found as the stream finds it: see _write_group); fenced → a newer
-attempt owns the slice: stop
-writing and fail; fatal → fail. A poison record with no dead-letter topic commits what
-came before it and fails, so a re-run after fixing the transform resumes at that record.
+Errors follow the stream's rules (docs/backfill.md, "How exactly-once works"):
+retriable → retry; abortable → abort and commit the same inputs again from memory (a
+refused output's record dead-lettered, found as the stream finds it); fenced → fail.
+A poison record with no dead-letter topic commits what came before it and fails.
 """
 
 from __future__ import annotations

@@ -70,6 +70,11 @@ def translate(exc: KafkaException, where: Where) -> KafkaOperationError:
     return classify(error)(where, error)
 
 
+def translate_error(error: KafkaError, where: Where) -> KafkaOperationError:
+    """The txstage error for a KafkaError met outside an exception (a message's error)."""
+    return translate(KafkaException(error), where)
+
+
 @contextmanager
 def translated(where: Where) -> Iterator[None]:
     """Run a librdkafka call; re-raise its KafkaException as a txstage error."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -59,6 +59,41 @@ def produce(producer: Producer, out: Produced,
         except BufferError:
             producer.poll(_QUEUE_FULL_WAIT_S)
 
+
+
+Report = Callable[[KafkaError | None, Message], None]
+
+
+def send_outputs(producer: Producer, outputs: Iterable[Produced], on_delivery: Report,
+                 where: Where) -> None:
+    """Queue one input record's outputs on a shared (non-transactional) producer; a
+    refusal raises its translated error naming ``where``."""
+    for out in outputs:
+        try:
+            producer.produce(out.topic, out.value, out.key, headers=out.headers,  # type: ignore[arg-type]
+                             on_delivery=on_delivery)
+        except BufferError:
+            produce(producer, out, on_delivery=on_delivery)
+        except KafkaException as exc:
+            raise translate(exc, where) from exc
+
+
+def send_run(producer: Producer, run: Sequence[Processed], on_delivery: Report,
+             topic: str, partition: int) -> None:
+    """Queue a run of input records' outputs on a shared producer (the hot path: one
+    call per partition per fetch); a failure raises naming its record
+    (``where.offset``), the records before it queued."""
+    send = producer.produce
+    for record, outputs in run:
+        for out in outputs:
+            try:  # nothing built unless it fails
+                send(out.topic, out.value, out.key, headers=out.headers,  # type: ignore[arg-type]
+                     on_delivery=on_delivery)
+            except BufferError:
+                produce(producer, out, on_delivery=on_delivery)
+            except KafkaException as exc:
+                raise translate(exc, Where("produce", None, topic, partition,
+                                           record.offset)) from exc
 
 class PinnedProducer:
     """A transactional producer pinned to one input partition."""

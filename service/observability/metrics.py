@@ -24,8 +24,8 @@ from prometheus_client import (
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from service import __version__
 from service.observability.txn_states import TransactionStates
+from service.version import __version__
 
 # 1 ms .. 10 s: resolves both a healthy sub-10 ms commit and a stalled coordinator,
 # and is finer (x1.5 or so) between 50 ms and 1 s, where commits of a busy stage

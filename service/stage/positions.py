@@ -9,7 +9,6 @@ import structlog
 from confluent_kafka import (
     OFFSET_END,
     KafkaError,
-    KafkaException,
     TopicPartition,
 )
 
@@ -18,7 +17,7 @@ from service.errors import (
     RetriableError,
     Where,
 )
-from service.kafka.errors import kafka_error, translate
+from service.kafka.seek import seek
 from service.stage import machine as sm
 from service.stage.guarantees.guarantee import Job
 from service.stage.loop_state import LoopState
@@ -75,14 +74,8 @@ class Positions(LoopState):
         if offset is None:
             return True
         target = offset if offset >= 0 else self._no_offset
-        try:
-            self.consumer.seek(TopicPartition(partition.topic, partition.partition, target))
-        except KafkaException as exc:
-            error = kafka_error(exc)
-            if error is None or error.code() not in (KafkaError._STATE,
-                                                     KafkaError._PREV_IN_PROGRESS):
-                raise translate(exc, Where("seek", None, partition.topic, partition.partition,
-                                           offset)) from exc
+        if not seek(self.consumer, TopicPartition(partition.topic, partition.partition, target),
+                    Where("seek", None, partition.topic, partition.partition, offset)):
             self.consumer.pause([partition.tp])  # until the seek lands (tick retries it)
             partition.refresh_flowing()
             return False

@@ -12,6 +12,7 @@ from service.contract.records import Transform
 from service.errors import FatalError, Where
 from service.kafka.cluster import OutputLimits
 from service.kafka.config import consumer_config
+from service.kafka.errors import translated
 from service.observability.health import Health
 from service.observability.logs import librdkafka_logger
 from service.observability.metrics import Metrics
@@ -131,7 +132,8 @@ class Stage:
         if asynchronous:
             self.consumer.commit(offsets=offsets, asynchronous=True)
         else:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
+            with translated(Where("commit")):
+                self.consumer.commit(offsets=offsets, asynchronous=False)
 
     def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """Result of an at-least-once offset commit, served by the consumer's poll on

@@ -21,15 +21,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from typing import cast
 
 import structlog
-from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 
 from service.contract.processing import Processed, Produced, written_before
-from service.errors import Failure, Where
+from service.errors import Failure, KafkaOperationError, Where
 from service.kafka.config import producer_config
-from service.kafka.errors import translate
-from service.kafka.producer import produce
+from service.kafka.producer import send_outputs, send_run
 from service.observability.logs import error_cb, librdkafka_logger
 from service.observability.metrics import Metrics
 from service.settings import Settings
@@ -131,35 +131,20 @@ class AtLeastOnce:
     def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
         window = self._window(key, offset)
         report = partial(window.named, offset)  # one callback object per record, not per output
-        producer = self._producer
-        for out in outputs:
-            try:
-                producer.produce(out.topic, out.value, out.key, headers=out.headers,  # type: ignore[arg-type]
-                                 on_delivery=report)
-            except BufferError:
-                produce(producer, out, on_delivery=report)
-            except KafkaException as exc:
-                raise translate(exc, Where("produce", None, key[0], key[1], offset)) from exc
+        where = Where("produce", None, key[0], key[1], offset)
+        send_outputs(self._producer, outputs, report, where)
         window.next = offset + 1
 
     def write_run(self, key: TopicPartitionKey, run: list[Processed]) -> None:
         window = self._window(key, run[0][0].offset)
         report = window.unnamed  # the same object for every output of the window
-        producer = self._producer
-        send = producer.produce
-        for record, outputs in run:
-            for out in outputs:
-                try:  # the hot path: nothing built unless it fails
-                    send(out.topic, out.value, out.key, headers=out.headers,  # type: ignore[arg-type]
-                         on_delivery=report)
-                except BufferError:
-                    produce(producer, out, on_delivery=report)
-                except KafkaException as exc:
-                    written = written_before(run, record.offset)
-                    if written:
-                        window.next = run[written - 1][0].offset + 1
-                    raise translate(exc, Where("produce", None, key[0], key[1],
-                                               record.offset)) from exc
+        try:
+            send_run(self._producer, run, report, key[0], key[1])
+        except KafkaOperationError as exc:
+            written = written_before(run, cast(int, exc.where.offset))
+            if written:
+                window.next = run[written - 1][0].offset + 1
+            raise
         window.next = run[-1][0].offset + 1
 
     def _window(self, key: TopicPartitionKey, first: int) -> Window:
@@ -264,7 +249,7 @@ class AtLeastOnce:
                 self._deliverable[key] = windows.popleft().next
             try:
                 self._commit(True, {key})
-            except KafkaException as exc:
+            except KafkaOperationError as exc:
                 log.warning("offsets.commit_failed", topic=key[0], partition=key[1],
                             error=str(exc))
         self._forget(key)

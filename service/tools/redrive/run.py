@@ -29,17 +29,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 
 from service.contract.processing import OutputRefusedError, Produced, Result, process, refused
 from service.contract.records import Transform
-from service.errors import AbortableError
+from service.errors import AbortableError, DeniedError
 from service.kafka import reading
 from service.kafka.cluster import UnknownTopicError
 from service.kafka.producer import PinnedProducer
 from service.kafka.reading import EARLIEST, LATEST
+from service.kafka.topics import create_topic
 from service.tools.redrive.letters import ATTEMPT, PARKED, REDRIVEN, Filter, Letter, parse
 
 _ATTEMPTS = 3  # commits of one batch, each after a refusal
@@ -278,19 +278,12 @@ def _ensure_topic(admin_config: Mapping[str, Any], topic: str, *, partitions: in
     """Create ``topic`` on first use (``config`` applies only then: one that exists is
     left as it is) and wait until it can be written to."""
     admin = AdminClient(dict(admin_config))  # kept until the result is in: it dies with it
-    futures = admin.create_topics(
-        [NewTopic(topic, num_partitions=partitions, config=dict(config))],
-        request_timeout=30)
     try:
-        futures[topic].result(60)
-    except KafkaException as exc:
-        code = exc.args[0].code()
-        if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-            # A grant to add, not a cluster to wait for: exit 2 naming it (tool_cli),
-            # not 4, whose "a rerun resumes" would not help.
-            raise PermissionError(f"missing permission: CREATE on topic `{topic}`") from exc
-        if code != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise
+        create_topic(admin, topic, partitions=partitions, config=config, timeout_s=60)
+    except DeniedError as exc:
+        # A grant to add, not a cluster to wait for: exit 2 naming it (tools/common),
+        # not 4, whose "a rerun resumes" would not help.
+        raise PermissionError(f"missing permission: {exc.permission}") from exc
     deadline = time.monotonic() + 30  # a new topic has no leader for a moment
     while time.monotonic() < deadline:
         described = admin.list_topics(topic, timeout=10).topics.get(topic)

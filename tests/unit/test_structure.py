@@ -1,0 +1,73 @@
+"""The tree's own rules (docs/architecture.md): small modules, package faces that only
+re-export, and no import cycle in ``service/``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SERVICE = Path(__file__).resolve().parents[2] / "service"
+MODULES = sorted(SERVICE.rglob("*.py"))
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SERVICE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+NAMES = {module_name(p): p for p in MODULES}
+
+
+def imports(path: Path) -> set[str]:
+    """The service modules ``path`` imports at module level (TYPE_CHECKING included);
+    ``from package import module`` names the module, not the package's face."""
+    found: set[str] = set()
+    tree = ast.parse(path.read_text())
+    nodes = [n for n in tree.body if not isinstance(n, ast.If)]
+    nodes += [n for block in tree.body if isinstance(block, ast.If) for n in block.body]
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in NAMES}
+        elif isinstance(node, ast.ImportFrom) and node.module in NAMES:
+            subs = {f"{node.module}.{a.name}" for a in node.names}
+            found |= subs & NAMES.keys()
+            if subs - NAMES.keys():
+                found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SERVICE)))
+def test_no_module_is_longer_than_400_lines(path: Path) -> None:
+    assert len(path.read_text().splitlines()) <= MAX_LINES
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if p.name == "__init__.py"],
+                         ids=lambda p: str(p.relative_to(SERVICE)))
+def test_a_package_face_only_re_exports(path: Path) -> None:
+    for node in ast.parse(path.read_text()).body:
+        allowed = isinstance(node, ast.Import | ast.ImportFrom) or (
+            isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)) or (
+            isinstance(node, ast.Assign) and [t.id for t in node.targets
+                                              if isinstance(t, ast.Name)] == ["__all__"])
+        assert allowed, f"{path}: line {node.lineno} defines something"
+
+
+def test_no_import_cycle_in_service() -> None:
+    graph = {name: imports(path) for name, path in NAMES.items()}
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            cycle = [*trail[trail.index(name):], name]
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
+        if name in done:
+            return
+        for imported in sorted(graph[name]):
+            visit(imported, [*trail, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
