@@ -117,8 +117,8 @@ def _split(before: Mapping[int, tuple[str, float]], after: Mapping[int, tuple[st
 # Kafka's network and request-handler threads, the coordinators, the transaction
 # marker sender. A broker compiles its code paths once, soon after it starts; in a
 # benchmark of minutes it is still compiling exactly-once's in every run, so its JIT
-# time is a cost of the benchmark's brevity, not of the records (docs/benchmarks.md,
-# "The broker's CPU by thread").
+# time is a cost of the benchmark's brevity, not of the records
+# (docs/journal/2026-11-27-broker-cpu-by-thread.md).
 BROKER_THREAD_GROUPS = ("requests", "jit", "gc")
 _BROKER_JIT = ("C1 CompilerThre", "C2 CompilerThre", "Sweeper thread")
 _BROKER_GC = ("GC Thread", "G1 ", "VM Thread", "VM Periodic")

@@ -1,4 +1,4 @@
-"""Throughput of the stage as ratios measured in one run (DESIGN.md §9, docs/benchmarks.md).
+"""Throughput of the stage as ratios measured in one run (docs/benchmarks.md).
 
 One broker, one pre-filled input topic, then one process at a time over it, each with
 its own consumer group and output topic:

@@ -88,7 +88,8 @@ def size_of(key: bytes | None, value: bytes | None, headers: list[tuple[str, byt
 
 
 # ``Produced(...)`` and ``Result(...)`` on the hot path: a NamedTuple's ``__new__`` is
-# a Python function (for its defaults); the tuple's own is not (docs/benchmarks.md).
+# a Python function (for its defaults); the tuple's own is not
+# (docs/journal/2026-11-26-contract-objects-from-slots.md).
 _new = tuple.__new__
 
 

@@ -24,7 +24,7 @@ Config = dict[str, Any]
 # fetching that partition for fetch.queue.backoff.ms. Its default, 1 s, is longer than
 # a reader takes to work through that much, so every reader stood idle part of each
 # second: the stage's input consumer (and the bare loop) was capped near 70k records/s
-# of 1 KB whatever the stage cost (docs/benchmarks.md, "The consumer's fetch backoff"),
+# of 1 KB whatever the stage cost (docs/journal/2026-11-26-fetch-backoff-and-runs.md),
 # and so were the operator tools' and the verifier's read_committed readers.
 FETCH_QUEUE_BACKOFF_MS = 20
 
@@ -97,9 +97,10 @@ def _classic_session(settings: Settings) -> Config:
 # broker's work per record was about 1.5 times at-least-once's (one shared producer,
 # requests for every partition at once). Its outputs are read only once committed,
 # and commit_transaction flushes at once whatever the linger, so lingering 50 ms
-# delays nothing a read_committed reader sees. Measured (docs/benchmarks.md, "Pinned
-# producers linger 50 ms"): broker and process CPU per record 5-25 % lower at 4, 8 and
-# 64 partitions; throughput level or higher; end-to-end p99 unchanged.
+# delays nothing a read_committed reader sees. Measured
+# (docs/journal/2026-11-26-pinned-producers-linger-50ms.md): broker and process CPU
+# per record 5-25 % lower at 4, 8 and 64 partitions; throughput level or higher;
+# end-to-end p99 unchanged.
 _TRANSACTIONAL_DEFAULTS: Config = {"metadata.recovery.strategy": "none", "linger.ms": 50}
 
 
@@ -110,8 +111,8 @@ def producer_config(settings: Settings, transactional_id: str | None) -> Config:
         "acks": "all",
         # At-least-once's shared producer: 20 ms rather than librdkafka's 5 fills
         # batches four times fuller at the same rate, so the broker does 30-40 % less
-        # work per record; outputs are visible up to 15 ms later (docs/benchmarks.md,
-        # "At-least-once's producer lingers 20 ms"). Pinned producers: 50
+        # work per record; outputs are visible up to 15 ms later
+        # (docs/journal/2026-11-27-at-least-once-linger-20ms.md). Pinned producers: 50
         # (_TRANSACTIONAL_DEFAULTS).
         "linger.ms": 20,
         # murmur2 like the Java client, so keys land where Kafka Streams and

@@ -1,4 +1,4 @@
-"""The interpreter, tuned for the stage's loop (docs/benchmarks.md).
+"""The interpreter, tuned for the stage's loop (docs/journal/2026-11-26-garbage-collector.md).
 
 Two settings, each measured before it was kept:
 

@@ -38,7 +38,7 @@ _CHECKPOINT_EVERY_S = 0.5
 # A transaction due in the middle of a batch commits there once this share of the
 # commit interval has passed too. A fast batch (500 records in a few ms) ends first
 # and commits at its tick, as any batch; a commit in the middle holds the rest of the
-# batch, and a held record costs a second pass (docs/benchmarks.md).
+# batch, and a held record costs a second pass (docs/journal/2026-11-27-clock-bounded-loop.md).
 _GRACE = 0.1
 _NO_LIMIT = 1 << 62
 _ACTIVE = sm.Phase.ACTIVE

@@ -4,7 +4,7 @@ librdkafka stops fetching a partition for ``fetch.queue.backoff.ms`` once the
 prefetched records reach ``queued.max.messages.kbytes``. Its default, 1 s, is longer
 than a replica takes to work through its 64 MB queue, so every replica (and the bare
 loop of the benchmark) stood idle part of every second: throughput was capped near
-70k records/s of 1 KB (docs/benchmarks.md, "The consumer's fetch backoff"). Here the
+70k records/s of 1 KB (docs/journal/2026-11-26-fetch-backoff-and-runs.md). Here the
 queue holds 100 KB, so every fetch (up to 1 MB) fills it and the stall comes after
 each one: 20.4 s for the 20 MB below with librdkafka's default, 0.7 s with the stage's.
 The operator tools' reader (``txstage audit``, ``txstage redrive``) fetches the same way.

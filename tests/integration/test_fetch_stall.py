@@ -2,8 +2,9 @@
 
 librdkafka#5591 (open) ends with an assigned partition paused inside librdkafka while
 the application believes it resumed: nothing is fetched, nothing is said. A
-benchmark replica here once sat like that for good (docs/benchmarks.md). The race
-cannot be started on demand, so this test makes its end state on a real broker: it
+benchmark replica here once sat like that for good
+(docs/journal/2026-11-24-partition-never-fetched.md). The race cannot be started on
+demand, so this test makes its end state on a real broker: it
 pauses one partition in the stage's own consumer behind the stage's back, from
 another thread, then writes more input. The stage runs in this process, so the test
 can reach its consumer. Without the fetch watch (``TXSTAGE_FETCH_STALL_S=0``, or the

@@ -72,7 +72,7 @@ class Window:
     So the two callbacks' reference counts above their idle values say whether
     anything is in flight. A Python call per delivered output,
     or a callback object per record, cost at-least-once more than the rest of its
-    bookkeeping (docs/benchmarks.md)."""
+    bookkeeping (docs/journal/2026-11-26-at-least-once-delivery-reports.md)."""
 
     __slots__ = ("_idle", "_reports", "named", "next", "sealed", "unnamed")
 
