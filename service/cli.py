@@ -1,7 +1,12 @@
 """The ``txstage`` command: run, check-config, audit, redrive, backfill, kafka.
 
-Exit codes: 0 done (or stopped by a signal), 1 a fatal runtime error,
-2 bad settings or arguments, 3 a poison record and no dead-letter topic.
+One argparse tree. ``run`` and ``check-config`` are defined here; every other command's
+arguments are defined by its own module, ``add_arguments(parser)``, which also sets the
+``handler`` that runs it. That module is imported only when its command is named:
+``txstage run`` and ``txstage --help`` load neither PySpark nor the local broker.
+
+Exit codes (service/exit_codes.py): 0 done (or stopped by a signal), 1 a fatal runtime
+error, 2 bad settings or arguments, 3 a poison record and no dead-letter topic.
 """
 
 from __future__ import annotations
@@ -9,19 +14,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import importlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import structlog
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from service.contract.loading import load_transform
 from service.errors import ConfigError, PoisonRecordError
+from service.exit_codes import ExitCode
 from service.kafka.cluster import Cluster, OutputLimits
 from service.kafka.config import admin_config, refused_configs
 from service.observability import interpreter
@@ -35,7 +42,14 @@ from service.stage.replica import Stage
 
 log = structlog.get_logger("txstage")
 
-EXIT_OK, EXIT_FATAL, EXIT_CONFIG, EXIT_POISON = 0, 1, 2, 3
+# The commands defined in their own modules: name -> (module, its line in --help).
+TOOLS = {
+    "audit": ("service.tools.audit.cli", "check a running pipeline's exactly-once by lineage"),
+    "redrive": ("service.tools.redrive.cli",
+                "reprocess dead letters through the current transform"),
+    "backfill": ("service.backfill.cli", "reprocess history on PySpark (see docs/backfill.md)"),
+    "kafka": ("service.local_kafka.cli", "a local Kafka broker: install|up|down|status"),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,40 +57,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     # of librdkafka's own threads cannot: they block signals, the kernel kills at once).
     with contextlib.suppress(ValueError, OSError):  # no real stderr (embedded, tests)
         faulthandler.enable(all_threads=True)
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "backfill":
-        from service.backfill import main as backfill_main  # Spark only when asked for
+    args = parser().parse_args(argv)  # exits 2 on bad arguments, 0 after --help
+    return int(args.handler(args))
 
-        return int(backfill_main(args[1:]))
-    if args and args[0] == "audit":
-        from service.tools.audit.cli import main as audit_main  # its own exit codes
 
-        return audit_main(args[1:])
-    if args and args[0] == "redrive":
-        from service.tools.redrive.cli import main as redrive_main  # its own exit codes
+def parser() -> argparse.ArgumentParser:
+    """The whole tree: ``run``, ``check-config`` and each of ``TOOLS``."""
+    p = argparse.ArgumentParser(prog="txstage", description=__doc__.splitlines()[0])
+    commands = p.add_subparsers(dest="command", required=True, parser_class=_Command)
+    commands.add_parser("run", help="run the stage (settings from TXSTAGE_* variables)"
+                        ).set_defaults(handler=_stage_command)
+    commands.add_parser("check-config", help="validate settings against the cluster, then exit"
+                        ).set_defaults(handler=_stage_command)
+    for name, (module, help_line) in TOOLS.items():
+        commands.add_parser(name, help=help_line, module=module)
+    return p
 
-        return redrive_main(args[1:])
-    if args and args[0] == "kafka":
-        from service.local_kafka.cli import main as kafka_main  # its own exit codes
 
-        return kafka_main(args[1:])
-    parser = argparse.ArgumentParser(prog="txstage", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("run", help="run the stage (settings from TXSTAGE_* variables)")
-    commands.add_parser("check-config", help="validate settings against the cluster, then exit")
-    commands.add_parser("audit", help="check a running pipeline's exactly-once by lineage")
-    commands.add_parser("redrive", help="reprocess dead letters through the current transform")
-    commands.add_parser("backfill", help="reprocess history on PySpark (see docs/backfill.md)")
-    commands.add_parser("kafka", help="a local Kafka broker: install|up|down|status")
-    command = parser.parse_args(args).command
+class _Command(argparse.ArgumentParser):
+    """One command of the tree. With a ``module``, its arguments are that module's
+    ``add_arguments(parser)``, added when the command is parsed (it was named), and an
+    argument it does not know is its own error, with its own usage, as when it parsed
+    alone. A module whose first argument may be left out (``txstage backfill [run]``)
+    also has ``with_command(argv)``, which puts it in."""
+
+    def __init__(self, *, module: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.module = module
+        self.defined = False
+
+    def parse_known_args(self, args: Iterable[str] | None = None,
+                         namespace: Any = None) -> tuple[Any, list[str]]:
+        if not self.module:
+            return super().parse_known_args(args, namespace)
+        tool = importlib.import_module(self.module)
+        if not self.defined:
+            tool.add_arguments(self)
+            self.defined = True
+        argv = list(sys.argv[1:] if args is None else args)
+        if hasattr(tool, "with_command"):
+            argv = tool.with_command(argv)
+        parsed, extras = super().parse_known_args(argv, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
+def _stage_command(args: argparse.Namespace) -> int:
+    """``run`` or ``check-config``: the settings, then the stage or its checks."""
     try:
         settings = load_settings()
         configure_logging(settings.log_format, settings.log_level)
-        return _run(settings) if command == "run" else _check(settings)
+        return _run(settings) if args.command == "run" else _check(settings)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"txstage: config error: {problem}", file=sys.stderr)
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
 
 
 def _validated(settings: Settings, *, wait_s: float) -> Cluster:
@@ -92,7 +128,7 @@ def _validated(settings: Settings, *, wait_s: float) -> Cluster:
 def _check(settings: Settings) -> int:
     _validated(settings, wait_s=_CHECK_WAITS_S)
     print("txstage: configuration OK")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 # How long start-up waits for a cluster that answers "not now" (a broker restarting)
@@ -126,24 +162,24 @@ def _run(settings: Settings) -> int:
     _install_signal_handlers(stage)
     interpreter.tune_gc()
     log.info("metrics.serving", port=server.port, paths=["/metrics", "/healthz", "/readyz"])
-    code = EXIT_OK
+    code = ExitCode.OK
     try:
         stage.run()
     except PoisonRecordError as exc:
         health.fatal(str(exc))
         log.error("stage.failed", reason="poison_record", topic=exc.topic,
                   partition=exc.partition, offset=exc.offset, error=str(exc))
-        code = EXIT_POISON
+        code = ExitCode.POISON
     except Exception as exc:
         health.fatal(str(exc))
         log.exception("stage.failed", error=_describe(exc))
-        code = EXIT_FATAL
+        code = ExitCode.FATAL
     finally:
         server.close()
     _exit_now(stage, code)
 
 
-def _exit_now(stage: Stage, code: int) -> NoReturn:
+def _exit_now(stage: Stage, code: ExitCode) -> NoReturn:
     """Leave the process at once: everything that could be committed or closed was.
 
     A Kafka call still stuck in a job thread must not hold the exit (the interpreter
@@ -151,7 +187,7 @@ def _exit_now(stage: Stage, code: int) -> NoReturn:
     stuck producer's) must not meet a finalizing interpreter: a replica was seen
     exiting with SIGSEGV after ``stage.stopped`` in CI."""
     if stage.loop.jobs.busy:
-        log.warning("stage.exit_with_work_running", exit_code=code)
+        log.warning("stage.exit_with_work_running", exit_code=int(code))
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -11,7 +11,8 @@ replica does, instead of dying by the signal (exit 143, -15 to a parent). Chaos 
 still in its start-up checks.
 
 Only ``txstage run`` is guarded: a backfill or a local broker stopped by a signal did
-not finish, and says so by the signal."""
+not finish, and says so by the signal. So this looks at the first argument itself,
+before ``service.cli`` (the argparse tree, and the stage's heavy imports) is loaded."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import signal
 import sys
 from types import FrameType
 from typing import NoReturn
+
+from service.exit_codes import ExitCode  # an IntEnum, nothing else: cheap before the signals
 
 
 class StoppedWhileStarting(BaseException):
@@ -61,4 +64,4 @@ def _leave(signum: signal.Signals) -> NoReturn:
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
-    os._exit(0)
+    os._exit(ExitCode.OK)

@@ -1,7 +1,8 @@
 """``txstage backfill [run|verify] ...``: arguments in, exit code out.
 
-Exit codes: 0 done (or identical, for verify), 1 the job failed (or verify found
-differences), 2 bad arguments or configuration, one line per problem on stderr.
+Exit codes (service/exit_codes.py): 0 done (or identical, for verify), 1 the job failed
+(or verify found differences), 2 bad arguments or configuration, one line per problem on
+stderr.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Callable, Sequence
-from typing import NoReturn
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NoReturn
 
 from service.backfill import config, parity, plan
 from service.backfill.slice_writer import DEFAULT_TRANSACTION_BYTES, DEFAULT_TRANSACTION_RECORDS
@@ -20,6 +21,7 @@ from service.backfill.specs import KafkaSource, parse_sink, parse_source
 from service.backfill.topic_map import UnmappedTopicError, parse_pairs
 from service.contract.lineage import Lineage
 from service.errors import ConfigError
+from service.exit_codes import ExitCode
 from service.settings import environment
 
 PROG = "txstage backfill"
@@ -30,30 +32,63 @@ log = logging.getLogger("txstage.backfill")
 
 
 class _Parser(argparse.ArgumentParser):
+    """A bad argument is one line, as every other problem: ``txstage backfill: error: ...``,
+    exit 2. An argument it does not know is its own error too, not its parent's."""
+
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(message)
+        self.exit(ExitCode.CONFIG, f"{PROG}: error: {message}\n")
+
+    def parse_known_args(self, args: Iterable[str] | None = None,
+                         namespace: Any = None) -> tuple[Any, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
 
 def main(argv: Sequence[str]) -> int:
+    """This command alone: ``python -m service.backfill``, ``spark-submit``, the tests."""
+    parser = _Parser(prog=PROG)
+    add_arguments(parser)
+    try:
+        args = parser.parse_args(with_command(argv))
+    except SystemExit as exc:  # --help, or a bad argument (said already)
+        return exc.code if isinstance(exc.code, int) else 0
+    return handle(args)
+
+
+def with_command(argv: Sequence[str]) -> list[str]:
+    """``run`` unless the first argument names a command: ``txstage backfill --source ...``
+    runs a job, ``txstage backfill --help`` is run's help."""
     args = list(argv)
-    command = args.pop(0) if args and args[0] in COMMANDS else "run"
+    return args if args and args[0] in COMMANDS else ["run", *args]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``run`` and ``verify``; the command is named first (``with_command``)."""
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _run_arguments(commands.add_parser("run", prog=f"{PROG} [run]"))
+    _verify_arguments(commands.add_parser("verify"))
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    command: Callable[[argparse.Namespace], int] = args.backfill_command
     _configure_logging()
     try:
-        return _COMMANDS[command](args)
-    except SystemExit as exc:  # --help
-        return exc.code if isinstance(exc.code, int) else 0
+        return command(args)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"{PROG}: error: {problem}", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG
     except Exception as exc:
         log.debug("backfill failed", exc_info=True)
         failure = describe_failure(exc)
         if failure.startswith(f"{UnmappedTopicError.__name__}: "):  # met in a Spark task
             print(f"{PROG}: error: {failure.partition(': ')[2]}", file=sys.stderr)
-            return 2
+            return ExitCode.CONFIG
         print(f"{PROG}: failed: {failure}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -82,9 +117,9 @@ def _configure_logging() -> None:
 # -- run ---------------------------------------------------------------------------------
 
 
-def run_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=f"{PROG} [run]", description="Run TXSTAGE_TRANSFORM over history on "
-                "PySpark; re-running the same command resumes the same job (docs/backfill.md).")
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Run TXSTAGE_TRANSFORM over history on PySpark; re-running the same "
+                     "command resumes the same job (docs/backfill.md).")
     p.add_argument("--source", required=True, help="kafka://<topic>?from=<bound>&to=<bound> "
                    "(bounds: earliest, latest, offsets:<p>=<o>,..., timestamp:<ms|ISO-8601>), "
                    "parquet:<path> or jsonl:<path>[?encoding=base64]")
@@ -128,11 +163,10 @@ def run_parser() -> argparse.ArgumentParser:
                    help="a Spark setting (repeatable)")
     p.add_argument("--progress-interval", type=float, default=10.0, metavar="SECONDS",
                    help="log progress this often; 0 disables (default %(default)s)")
-    return p
+    p.set_defaults(backfill_command=_run)
 
 
-def _run(args: list[str]) -> int:
-    ns = run_parser().parse_args(args)
+def _run(ns: argparse.Namespace) -> int:
     try:
         from service.backfill import job  # imports pyspark: only when a job runs
     except ModuleNotFoundError as exc:
@@ -156,11 +190,11 @@ def _run(args: list[str]) -> int:
 # -- verify ------------------------------------------------------------------------------
 
 
-def verify_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=f"{PROG} verify", description="Compare two sets of outputs by lineage "
-                "(txstage.src, txstage.idx): key, value, topic and headers must match. A dead "
-                "letter that txstage redrive replaced (by its outputs, or by a later attempt) "
-                "counts as what replaced it; redrive's marks are not compared.")
+def _verify_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Compare two sets of outputs by lineage (txstage.src, txstage.idx): key, "
+                     "value, topic and headers must match. A dead letter that txstage redrive "
+                     "replaced (by its outputs, or by a later attempt) counts as what replaced "
+                     "it; redrive's marks are not compared.")
     p.add_argument("--expected", required=True,
                    help="kafka://<topic>[,<topic>...] or parquet:<path> (e.g. the stream's)")
     p.add_argument("--actual", required=True, help="the same forms (e.g. the backfill's)")
@@ -180,11 +214,10 @@ def verify_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (verdict, counts, examples) instead of "
                    "the report for a person")
-    return p
+    p.set_defaults(backfill_command=_verify)
 
 
-def _verify(args: list[str]) -> int:
-    ns = verify_parser().parse_args(args)
+def _verify(ns: argparse.Namespace) -> int:
     env = environment()
     bootstrap = ns.bootstrap_servers or env.get("TXSTAGE_BOOTSTRAP_SERVERS")
     if ns.job_id and ns.within:
@@ -201,7 +234,7 @@ def _verify(args: list[str]) -> int:
     report = parity.compare(parity.read(ns.expected, bootstrap),
                             parity.read(ns.actual, bootstrap), rename=rename, within=within)
     print(json.dumps(report.as_dict()) if ns.json else "\n".join(report.lines()))
-    return 0 if report.ok else 1
+    return ExitCode.OK if report.ok else ExitCode.DIFFERENT
 
 
 def _job_range(ns: argparse.Namespace, env: dict[str, str],
@@ -229,9 +262,6 @@ def _input_range(text: str, env: dict[str, str],
         raise ConfigError("--within needs TXSTAGE_BOOTSTRAP_SERVERS or --bootstrap-servers")
     ranges = offsets.resolve(kafka_clients.admin(config.reader_settings(env, bootstrap)), source)
     return parity.within_slices(plan.slice_ranges(ranges, 1 << 62))
-
-
-_COMMANDS: dict[str, Callable[[list[str]], int]] = {"run": _run, "verify": _verify}
 
 
 def _positive(text: str) -> int:

@@ -4,9 +4,9 @@ The broker behind ``make kafka-up`` and ``make demo``: data, config, log and pid
 ``<cache>/local-broker/`` (kept across ``down``/``up``), its own session, so it outlives
 this command. Also ``python -m service.local_kafka``.
 
-Exit codes: 0 done (``up`` also when it was up already; ``down`` also when nothing ran),
-1 it could not be installed or started (or a port is taken), 2 bad arguments,
-3 ``status``: not running.
+Exit codes (service/exit_codes.py): 0 done (``up`` also when it was up already; ``down``
+also when nothing ran), 1 it could not be installed or started (or a port is taken),
+2 bad arguments, 3 ``status``: not running.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from confluent_kafka import KafkaException
 
+from service.exit_codes import ExitCode
 from service.local_kafka.cache import cache_root
 from service.local_kafka.errors import KafkaStartError, LocalKafkaError
 from service.local_kafka.jars import KAFKA_VERSION, install
@@ -29,7 +30,6 @@ from service.local_kafka.node import Node, port_open, tail_file, wait_for_start
 from service.local_kafka.properties import broker_properties, kafka_uuid, write_properties
 from service.local_kafka.readiness import listed_brokers, wait_ready
 
-EXIT_OK, EXIT_FAILED, EXIT_NOT_RUNNING = 0, 1, 3
 LOCAL_BROKER_PORT = 9092
 LOCAL_CONTROLLER_PORT = 9093
 _PROBE_ID = "txstage-local-probe"
@@ -81,7 +81,7 @@ def _cmd_install(_: argparse.Namespace) -> int:
     began = time.monotonic()
     libs = install(quiet=True)
     print(f"Kafka {KAFKA_VERSION}: {libs} ({time.monotonic() - began:.1f} s)")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -93,14 +93,14 @@ def _cmd_up(args: argparse.Namespace) -> int:
         except (TimeoutError, KafkaException) as exc:
             print(f"local Kafka (pid {pids[0]}) is running but not ready: {exc}", file=sys.stderr)
             print(tail_file(node.log, 40), file=sys.stderr)
-            return EXIT_FAILED
+            return ExitCode.FAILED
         print(f"Kafka {KAFKA_VERSION} already up (pid {pids[0]})")
         _print_location(node)
-        return EXIT_OK
+        return ExitCode.OK
     for port in (args.port, args.controller_port):
         if port_open(port):
             print(f"127.0.0.1:{port} is taken by another process; not starting", file=sys.stderr)
-            return EXIT_FAILED
+            return ExitCode.FAILED
     libs = install()
     node.directory.mkdir(parents=True, exist_ok=True)
     write_properties(
@@ -127,10 +127,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
         _pid_file().unlink(missing_ok=True)
         print(f"local Kafka did not start: {exc}", file=sys.stderr)
         print(tail_file(node.log, 40), file=sys.stderr)
-        return EXIT_FAILED
+        return ExitCode.FAILED
     print(f"Kafka {KAFKA_VERSION} up in {time.monotonic() - began:.1f} s (pid {node.proc.pid})")
     _print_location(node)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _print_location(node: Node) -> None:
@@ -143,7 +143,7 @@ def _cmd_down(args: argparse.Namespace) -> int:
     if not pids:
         _pid_file().unlink(missing_ok=True)
         print("local Kafka is not running")
-        return EXIT_OK
+        return ExitCode.OK
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
@@ -160,7 +160,7 @@ def _cmd_down(args: argparse.Namespace) -> int:
     _pid_file().unlink(missing_ok=True)
     how = f"killed after {args.grace:.0f} s" if forced else "stopped"
     print(f"local Kafka {how} (pid {', '.join(map(str, pids))})")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -168,7 +168,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     pids = _local_pids()
     if not pids:
         print("local Kafka is not running")
-        return EXIT_NOT_RUNNING
+        return ExitCode.NOT_RUNNING
     try:
         ids = listed_brokers(node.bootstrap, 5.0)
         state = f"answering (brokers {sorted(ids)})"
@@ -176,30 +176,41 @@ def _cmd_status(args: argparse.Namespace) -> int:
         state = f"not answering: {exc}"
     print(f"local Kafka {KAFKA_VERSION} running (pid {pids[0]}), {state}")
     _print_location(node)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "txstage kafka") -> int:
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=f"Local Apache Kafka {KAFKA_VERSION} (KRaft) for txstage development.",
-    )
+    """This command alone: ``python -m service.local_kafka``, the demo."""
+    parser = argparse.ArgumentParser(prog=prog)
+    add_arguments(parser)
+    return handle(parser.parse_args(argv))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = f"Local Apache Kafka {KAFKA_VERSION} (KRaft) for txstage development."
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("install", help="resolve the broker jars into the cache")
-    for name, helptext in (
-        ("up", "start one detached node on 127.0.0.1:9092 (idempotent)"),
-        ("status", "say whether the local node runs and answers (exit 3 if not running)"),
+    sub.add_parser("install", help="resolve the broker jars into the cache"
+                   ).set_defaults(kafka_command=_cmd_install)
+    for name, helptext, command in (
+        ("up", "start one detached node on 127.0.0.1:9092 (idempotent)", _cmd_up),
+        ("status", "say whether the local node runs and answers (exit 3 if not running)",
+         _cmd_status),
     ):
         cmd = sub.add_parser(name, help=helptext)
         cmd.add_argument("--port", type=int, default=LOCAL_BROKER_PORT)
         cmd.add_argument("--controller-port", type=int, default=LOCAL_CONTROLLER_PORT)
         cmd.add_argument("--timeout", type=float, default=90.0)
+        cmd.set_defaults(kafka_command=command)
     down = sub.add_parser("down", help="stop the local node (SIGTERM, then SIGKILL)")
     down.add_argument("--grace", type=float, default=30.0)
-    args = parser.parse_args(argv)
-    handlers = {"install": _cmd_install, "up": _cmd_up, "down": _cmd_down, "status": _cmd_status}
+    down.set_defaults(kafka_command=_cmd_down)
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    command: Callable[[argparse.Namespace], int] = args.kafka_command
     try:
-        return handlers[args.command](args)
+        return command(args)
     except LocalKafkaError as exc:
         print(str(exc), file=sys.stderr)
-        return EXIT_FAILED
+        return ExitCode.FAILED

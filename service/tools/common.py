@@ -1,18 +1,18 @@
 """What the operator tools' commands (``txstage audit``, ``txstage redrive``) share: how a
-failure becomes one line on stderr and an exit code."""
+failure becomes one line on stderr and an exit code (service/exit_codes.py)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
 
-from confluent_kafka import KafkaException
+# kafka/reading.py raises librdkafka's own error to the tools: "could not finish", 4.
+from confluent_kafka import KafkaException  # noqa: TID251
 
 from service.errors import ConfigError, DeniedError, KafkaOperationError
+from service.exit_codes import ExitCode
 from service.kafka.config import refused_configs
 from service.settings import Settings, load_settings
-
-EXIT_CONFIG, EXIT_UNFINISHED = 2, 4
 
 
 def tool_settings() -> Settings:
@@ -33,14 +33,14 @@ def run_tool(name: str, body: Callable[[], int], *, unfinished_hint: str = "") -
         return body()
     except DeniedError as exc:  # before KafkaOperationError: a permission, not the cluster
         print(f"txstage {name}: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"txstage {name}: config error: {problem}", file=sys.stderr)
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     except (LookupError, PermissionError) as exc:
         print(f"txstage {name}: {exc.args[0]}", file=sys.stderr)
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     except (KafkaException, KafkaOperationError, TimeoutError, RuntimeError) as exc:
         print(f"txstage {name}: could not finish{unfinished_hint}: {exc}", file=sys.stderr)
-        return EXIT_UNFINISHED
+        return ExitCode.UNFINISHED

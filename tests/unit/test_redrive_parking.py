@@ -15,9 +15,10 @@ from confluent_kafka import KafkaError, KafkaException
 
 from service.contract.processing import Produced
 from service.contract.records import Output, Record
+from service.exit_codes import ExitCode
 from service.kafka.cluster import UnknownTopicError
 from service.kafka.producer import PinnedProducer
-from service.tools.common import EXIT_CONFIG, run_tool
+from service.tools.common import run_tool
 from service.tools.redrive import cli, letters, run
 from service.tools.redrive.run import RedriveReport, _Writer
 from tests.unit.test_redrive_writer import MARKS, RefusingProducer, copy
@@ -262,5 +263,5 @@ def test_a_missing_create_on_the_parking_topic_exits_2_naming_it(
         run._ensure_topic({}, "dlq.parked", partitions=1, config={})
         return 0
 
-    assert run_tool("redrive", body) == EXIT_CONFIG
+    assert run_tool("redrive", body) == ExitCode.CONFIG
     assert "missing permission: CREATE on topic `dlq.parked`" in capsys.readouterr().err

@@ -11,8 +11,9 @@ import pytest
 from confluent_kafka import KafkaError
 
 from service.errors import DeniedError, Where
+from service.exit_codes import ExitCode
 from service.tools.audit import cli as audit_cli
-from service.tools.common import EXIT_CONFIG, run_tool
+from service.tools.common import run_tool
 from service.tools.redrive import cli as redrive_cli
 
 ENV = {"TXSTAGE_BOOTSTRAP_SERVERS": "127.0.0.1:1", "TXSTAGE_GROUP_ID": "g",
@@ -34,7 +35,7 @@ def test_a_tool_exits_2_naming_what_librdkafka_refuses(
         tool: object, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code = tool(argv)  # type: ignore[operator]
     err = capsys.readouterr().err
-    assert code == EXIT_CONFIG, err
+    assert code == ExitCode.CONFIG, err
     assert "security.protocol" in err and "could not finish" not in err
 
 
@@ -43,6 +44,6 @@ def test_a_missing_permission_exits_2_naming_it(capsys: pytest.CaptureFixture[st
         raise DeniedError(Where("produce", None, "out", 0),
                           KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"))
 
-    assert run_tool("redrive", body, unfinished_hint=" (a rerun resumes)") == EXIT_CONFIG
+    assert run_tool("redrive", body, unfinished_hint=" (a rerun resumes)") == ExitCode.CONFIG
     err = capsys.readouterr().err
     assert "permission denied" in err and "could not finish" not in err

@@ -1,8 +1,9 @@
 """``txstage audit [options]``: the stage's own settings (TXSTAGE_* variables, the same
 ConfigMap) say what to audit; options say how.
 
-Exit codes: 0 clean, 1 violations found, 2 bad settings or arguments, 4 the audit could
-not finish (cluster unreachable, a read that did not reach its end in time).
+Exit codes (service/exit_codes.py): 0 clean, 1 violations found, 2 bad settings or
+arguments, 4 the audit could not finish (cluster unreachable, a read that did not reach
+its end in time).
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from collections.abc import Sequence
 
 from service.backfill.specs import Timestamp, parse_bound
 from service.contract.loading import load_transform
+from service.exit_codes import ExitCode
 from service.kafka.config import admin_config
 from service.tools.audit.run import audit
 from service.tools.common import run_tool, tool_settings
-
-EXIT_CLEAN, EXIT_VIOLATIONS = 0, 1  # 2 and 4: service/tools/common.py
 
 
 def _positive(text: str) -> float:
@@ -38,14 +38,19 @@ def _duration(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="txstage audit",
-        description="Check a running pipeline's exactly-once by lineage: duplicates, inputs "
-                    "below the committed offsets without their outputs, outputs without an "
-                    "input, order per input partition, hanging transactions. Reads the "
-                    "stage's settings (TXSTAGE_*).",
-        epilog="exit codes: 0 clean, 1 violations, 2 bad settings or arguments, "
-               "4 the audit could not finish")
+    """``txstage audit`` alone (the tree in service/cli.py adds the same arguments)."""
+    p = argparse.ArgumentParser(prog="txstage audit")
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Check a running pipeline's exactly-once by lineage: duplicates, inputs "
+                     "below the committed offsets without their outputs, outputs without an "
+                     "input, order per input partition, hanging transactions. Reads the "
+                     "stage's settings (TXSTAGE_*).")
+    p.epilog = ("exit codes: 0 clean, 1 violations, 2 bad settings or arguments, "
+                "4 the audit could not finish")
     window = p.add_mutually_exclusive_group()
     window.add_argument("--from", dest="start", default="earliest", metavar="BOUND",
                         help="window start: earliest (default), timestamp:<ms | ISO-8601>, or "
@@ -64,11 +69,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-examples", type=int, default=10, metavar="N",
                    help="examples listed per kind of violation (default 10)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    return p
+    p.set_defaults(handler=handle)
 
 
 def main(argv: Sequence[str]) -> int:
-    args = parser().parse_args(argv)  # exits 2 on bad arguments
+    return handle(parser().parse_args(argv))  # exits 2 on bad arguments
+
+
+def handle(args: argparse.Namespace) -> int:
     return run_tool("audit", lambda: _audit(args))
 
 
@@ -86,4 +94,4 @@ def _audit(args: argparse.Namespace) -> int:
                    stuck_after_s=args.stuck_after, timeout_s=args.timeout,
                    max_examples=args.max_examples)
     print(report.to_json() if args.json else report.summary())
-    return EXIT_CLEAN if report.ok else EXIT_VIOLATIONS
+    return ExitCode.OK if report.ok else ExitCode.VIOLATIONS

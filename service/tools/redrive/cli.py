@@ -1,9 +1,9 @@
 """``txstage redrive [options]``: the stage's settings (TXSTAGE_*) say which DLQ, which
 transform and where outputs go; options choose the letters.
 
-Exit codes: 0 done (letters that failed again are back in the DLQ or parked: see the
-report), 2 bad settings or arguments, 4 the redrive could not finish (it resumes where
-its last committed transaction ended).
+Exit codes (service/exit_codes.py): 0 done (letters that failed again are back in the
+DLQ or parked: see the report), 2 bad settings or arguments, 4 the redrive could not
+finish (it resumes where its last committed transaction ended).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from service.backfill.specs import Timestamp, parse_bound
 from service.contract.loading import load_transform
 from service.errors import ConfigError
+from service.exit_codes import ExitCode
 from service.kafka.cluster import Cluster, OutputLimits
 from service.kafka.config import admin_config, producer_config
 from service.preflight import producer_max_bytes
@@ -23,18 +24,21 @@ from service.tools.common import run_tool, tool_settings
 from service.tools.redrive.letters import Filter
 from service.tools.redrive.run import MAX_ATTEMPTS, parking_topic_of, redrive, transactional_id
 
-EXIT_DONE = 0  # 2 and 4: service/tools/common.py
-
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="txstage redrive",
-        description="Reprocess dead letters through the current transform, exactly once: "
-                    "outputs carry the original record's lineage; a letter that fails again "
-                    "goes back to the DLQ with txstage.redrive.attempt + 1, or to the "
-                    "parking topic once that reaches --max-attempts. Reads the stage's "
-                    "settings (TXSTAGE_*); the stream may keep running.",
-        epilog="exit codes: 0 done, 2 bad settings or arguments, 4 could not finish")
+    """``txstage redrive`` alone (the tree in service/cli.py adds the same arguments)."""
+    p = argparse.ArgumentParser(prog="txstage redrive")
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Reprocess dead letters through the current transform, exactly once: "
+                     "outputs carry the original record's lineage; a letter that fails again "
+                     "goes back to the DLQ with txstage.redrive.attempt + 1, or to the "
+                     "parking topic once that reaches --max-attempts. Reads the stage's "
+                     "settings (TXSTAGE_*); the stream may keep running.")
+    p.epilog = "exit codes: 0 done, 2 bad settings or arguments, 4 could not finish"
     p.add_argument("--error-class", action="append", metavar="NAME",
                    help="only letters whose txstage.error.class is NAME (repeatable)")
     p.add_argument("--source-topic", metavar="TOPIC", help="only letters of this input topic")
@@ -60,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
                    help="letters per transaction (default 500)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    return p
+    p.set_defaults(handler=handle)
 
 
 def _at_least_one(text: str) -> int:
@@ -90,7 +94,10 @@ def _settings() -> Settings:
 
 
 def main(argv: Sequence[str]) -> int:
-    args = parser().parse_args(argv)  # exits 2 on bad arguments
+    return handle(parser().parse_args(argv))  # exits 2 on bad arguments
+
+
+def handle(args: argparse.Namespace) -> int:
     return run_tool("redrive", lambda: _redrive(args),
                     unfinished_hint=" (a rerun resumes from its last committed transaction)")
 
@@ -120,4 +127,4 @@ def _redrive(args: argparse.Namespace) -> int:
                      max_attempts=args.max_attempts, parking_topic=parking,
                      deadline_s=settings.transaction_timeout_ms / 1000 + 30)
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.summary())
-    return EXIT_DONE
+    return ExitCode.OK
