@@ -1,8 +1,14 @@
-"""Loading the user's transform from a ``module.path:function`` reference."""
+"""Loading the user's transform from a ``module.path:function`` reference.
+
+One rule for every way txstage starts (the ``txstage`` console script, ``python -m
+service``, the container): the module is looked for in the current directory first,
+then on PYTHONPATH and in the installed packages, as ``python -m`` looks."""
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import cast
 
 from service.contract.records import Transform
@@ -19,12 +25,15 @@ def load_transform(ref: str) -> Transform:
         raise ConfigError(
             f"TXSTAGE_TRANSFORM={ref!r} must have the form 'module.path:function'"
         )
+    _current_directory_first()
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
+        hint = (f" (looked in {os.getcwd()}, PYTHONPATH and the installed packages)"
+                if isinstance(exc, ModuleNotFoundError) else "")
         raise ConfigError(
             f"TXSTAGE_TRANSFORM={ref!r}: cannot import module {module_name!r}: "
-            f"{type(exc).__name__}: {exc}"
+            f"{type(exc).__name__}: {exc}{hint}"
         ) from exc
     target: object = module
     for part in attr.split("."):
@@ -39,3 +48,11 @@ def load_transform(ref: str) -> Transform:
             f"TXSTAGE_TRANSFORM={ref!r}: {attr!r} is a {type(target).__name__}, not callable"
         )
     return cast(Transform, target)
+
+
+def _current_directory_first() -> None:
+    """What ``python -m`` does and a console script does not: the current directory
+    at the front of ``sys.path``."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)

@@ -1,3 +1,6 @@
+import sys
+from pathlib import Path
+
 import pytest
 
 from service.contract.loading import load_transform
@@ -21,3 +24,18 @@ def test_loads_module_function() -> None:
 def test_unloadable_transform_is_a_config_error(ref: str, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         load_transform(ref)
+
+
+def test_the_console_script_finds_a_transform_in_the_current_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `txstage run` from the folder holding mypkg/ failed with "No module named
+    # 'mypkg'" while `python -m service run` imported it: a console script's sys.path
+    # starts with its bin folder, not the current directory.
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "transforms.py").write_text("def fn(record):\n    return []\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "mypkg", raising=False)
+    monkeypatch.delitem(sys.modules, "mypkg.transforms", raising=False)
+    assert callable(load_transform("mypkg.transforms:fn"))
