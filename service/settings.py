@@ -3,27 +3,27 @@
 librdkafka properties pass through as ``TXSTAGE_KAFKA__<property>`` (both clients),
 ``TXSTAGE_CONSUMER__<property>`` or ``TXSTAGE_PRODUCER__<property>``; underscores
 in the property part stand for dots, so ``TXSTAGE_KAFKA__SASL_PASSWORD`` is
-``sasl.password``. Pass-through values are secrets: never logged, never shown.
+``sasl.password``. Pass-through values are secrets: never logged (kafka.config shows
+one librdkafka refuses unless it is named like a secret or read from a file).
 ``TXSTAGE_KAFKA_FILE__<property>`` (and ``TXSTAGE_CONSUMER_FILE__``,
 ``TXSTAGE_PRODUCER_FILE__``) names a file holding the value instead, e.g. a mounted
 Secret: ``TXSTAGE_KAFKA_FILE__SASL_PASSWORD=/run/secrets/kafka-password``.
+Any other ``TXSTAGE_*`` name is an error, with a did-you-mean, unless in NOT_SETTINGS;
+load_settings reports every problem at once, one line each.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
 from dotenv import dotenv_values
-from pydantic import (
-    Field,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.errors import ConfigError
@@ -33,6 +33,21 @@ GroupProtocol = Literal["classic", "consumer"]
 PASSTHROUGH_PREFIXES = {"kafka": "TXSTAGE_KAFKA__", "consumer": "TXSTAGE_CONSUMER__",
                         "producer": "TXSTAGE_PRODUCER__"}
 FILE_SUFFIX = "_FILE__"  # TXSTAGE_KAFKA_FILE__<property>: the value is in that file
+
+# Not settings, yet set where stages run (a shell, `make test`, the test suite, whose
+# replicas inherit its environment), so allowed; who reads each (docs/operations.md):
+NOT_SETTINGS = {
+    "TXSTAGE_CACHE_DIR": "service/local_kafka/cache.py, deploy/tools/promtool.sh, deploy/images/",
+    "TXSTAGE_SPARK_LOG_LEVEL": "service/backfill/session.py (Spark's log level)",
+    "TXSTAGE_EXAMPLE_SUMMARY_TOPIC": "service/examples/fanout.py (an example transform)",
+    "TXSTAGE_PROMTOOL": "tests/unit/test_deploy_files.py (the Makefile sets it)",
+    "TXSTAGE_IMAGE_TAG": "tests/image/conftest.py (the image under test)",
+    "TXSTAGE_TEST_BOOTSTRAP": "tests/conftest.py (a broker the suite did not start)",
+    "TXSTAGE_TEST_STAGE_TREE": "tests/harness/replica.py (the tree replicas run from)",
+    "TXSTAGE_TEST_DURATIONS": "tests/harness/durations.py (where test durations go)",
+    "TXSTAGE_TEST_BASE": "deploy/images/test-base.sh (the test base image's tag)",
+}
+NOT_SETTING_PREFIXES = ("TXSTAGE_TEST_", "TXSTAGE_SPARK_", "TXSTAGE_EXAMPLE_")  # later knobs
 
 # Properties txstage sets itself; overriding any would silently void the guarantee.
 PROTECTED = {
@@ -70,8 +85,39 @@ def _split(value: object) -> object:
     return value
 
 
+_BROKER = re.compile(r"(?:\w+://)?(?:\[[0-9A-Fa-f:.]+(?:%\w+)?\]|[\w.-]+):(?P<port>\d{1,5})",
+                     re.ASCII)  # librdkafka allows <protocol>:// before each
+_EXAMPLE = "e.g. kafka-1:9092,kafka-2:9092 or [::1]:9092"
+
+
+def bootstrap_problem(value: str) -> str | None:
+    """What is wrong with a bootstrap.servers list (comma-separated host:port, port
+    1-65535, an IPv6 address in brackets), or None; the whole value is quoted."""
+    entries = [entry.strip() for entry in value.split(",") if entry.strip()]
+    if not entries:
+        return f"empty: name the brokers as comma-separated host:port, {_EXAMPLE}"
+    for entry in entries:
+        found = _BROKER.fullmatch(entry)
+        why = ("has a space" if any(char.isspace() for char in entry) else
+               "has no port" if ":" not in entry else
+               "needs brackets around its IPv6 address" if "[" not in entry
+               and entry.count(":") > 1 and "://" not in entry else
+               "is not host:port" if found is None else
+               f"has the port {found['port']}, not 1-65535"
+               if not 1 <= int(found["port"]) <= 65535 else None)
+        if why is not None:
+            return f"{value!r} is not a comma-separated list of host:port, {_EXAMPLE} " \
+                   f"({entry!r} {why})"
+    return None
+
+
+# The fields whose values stand in for ones that failed (load_settings' second pass): a
+# default standing in for a bad value could make a false timing conflict.
+_FAILED: ContextVar[frozenset[str]] = ContextVar("_FAILED", default=frozenset())
+
+
 class Settings(BaseSettings):
-    """Everything a replica needs; see README.md "Settings" for each one."""
+    """Everything a replica needs; docs/settings.md describes each one."""
 
     model_config = SettingsConfigDict(
         env_prefix="TXSTAGE_", env_file=".env", extra="ignore", frozen=True,
@@ -106,6 +152,15 @@ class Settings(BaseSettings):
     kafka: dict[str, SecretStr] = Field(default_factory=dict)
     consumer: dict[str, SecretStr] = Field(default_factory=dict)
     producer: dict[str, SecretStr] = Field(default_factory=dict)
+    # (section, property) -> the variable that set it, as spelled (load_settings)
+    _variables: dict[tuple[str, str], str] = {}  # a private attribute: copied per instance
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _host_ports(cls, value: str) -> str:
+        if (problem := bootstrap_problem(value)) is not None:
+            raise ValueError(problem)
+        return value
 
     @field_validator("input_topics", mode="before")
     @classmethod
@@ -131,14 +186,15 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:
-        problems = [*self._protected_overrides(), *self._timing_problems(),
+        timed = not _FAILED.get() & {"guarantee", "commit_interval_ms", "transaction_timeout_ms"}
+        problems = [*self._protected_overrides(), *(self._timing_problems() if timed else []),
                     *self._protocol_problems(), *self._reset_problems()]
         if self.dlq_topic and self.dlq_topic in self.input_topics:
             problems.append("TXSTAGE_DLQ_TOPIC must not be one of the input topics")
         if self.output_topic in self.input_topics:
             problems.append("TXSTAGE_OUTPUT_TOPIC must not be one of the input topics")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("\n".join(problems))  # one line each (load_settings)
         return self
 
     def _protected_overrides(self) -> list[str]:
@@ -184,6 +240,11 @@ class Settings(BaseSettings):
                     f"tenth of TXSTAGE_TRANSACTION_TIMEOUT_MS={self.transaction_timeout_ms}"]
         return []
 
+    def passthrough_variable(self, section: str, prop: str) -> str:
+        """The variable that set pass-through ``prop`` of ``section``, as spelled."""
+        return self._variables.get((section, prop)) or \
+            PASSTHROUGH_PREFIXES[section] + prop.upper().replace(".", "_")
+
     @property
     def id_prefix(self) -> str:
         return self.transactional_id_prefix or self.group_id
@@ -197,27 +258,28 @@ class Settings(BaseSettings):
         return f"{self.id_prefix}.{topic}.{partition}"
 
 
-def _passthrough(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+def _passthrough(environ: Mapping[str, str]
+                 ) -> tuple[dict[str, dict[str, str]], dict[tuple[str, str], str], list[str]]:
     """``TXSTAGE_KAFKA__SASL_PASSWORD`` → ``{"kafka": {"sasl.password": ...}}``; a
     ``TXSTAGE_KAFKA_FILE__SASL_PASSWORD`` names a file holding the value (one trailing
-    newline dropped). A file that cannot be read is a ConfigError naming the variable."""
+    newline dropped). Also the variable that set each property, and a problem naming
+    the variable for each file that cannot be read."""
     found: dict[str, dict[str, str]] = {section: {} for section in PASSTHROUGH_PREFIXES}
+    variables: dict[tuple[str, str], str] = {}
     problems: list[str] = []
     for name, value in environ.items():
         for section, prefix in PASSTHROUGH_PREFIXES.items():
-            if name.upper().startswith(prefix) and len(name) > len(prefix):
-                found[section][_property(name[len(prefix):])] = value
-            file_prefix = prefix.removesuffix("__") + FILE_SUFFIX
-            if name.upper().startswith(file_prefix) and len(name) > len(file_prefix):
+            for start in (prefix, prefix.removesuffix("__") + FILE_SUFFIX):
+                if not name.upper().startswith(start) or len(name) == len(start):
+                    continue
                 try:
-                    content = Path(value).read_text().removesuffix("\n")
+                    text = value if start == prefix else Path(value).read_text().removesuffix("\n")
                 except OSError as exc:
                     problems.append(f"{name}: cannot read {value}: {exc.strerror or exc}")
                     continue
-                found[section][_property(name[len(file_prefix):])] = content
-    if problems:
-        raise ConfigError(*problems)
-    return found
+                found[section][prop := _property(name[len(start):])] = text
+                variables[section, prop] = name
+    return found, variables, problems
 
 
 def _property(part: str) -> str:
@@ -225,19 +287,24 @@ def _property(part: str) -> str:
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Read and validate the settings; every problem becomes one line of a ConfigError."""
-    # The real environment wins over .env, as pydantic-settings does for the rest.
+    """Read and validate the settings (``environ``, or the environment over ``.env``);
+    every problem, all at once, becomes one line of a ConfigError."""
     env = environment() if environ is None else dict(environ)
-    scoped = {k: v for k, v in env.items() if not any(
-        k.upper().startswith((p, p.removesuffix("__") + FILE_SUFFIX))
-        for p in PASSTHROUGH_PREFIXES.values())}
+    unknown = unknown_names(env)
+    passthrough, variables, problems = _passthrough(env)
+    problems = [_unknown_problem(name, hint) for name, hint in unknown.items()] + problems
+    values = {name[len(ENV_PREFIX):].lower(): value for name, value in env.items()
+              if name.upper() in SETTING_NAMES}
+    given = {**values, **passthrough}
     try:
-        if environ is None:
-            return Settings(**_passthrough(env))  # type: ignore[arg-type]
-        return _from_mapping(scoped, _passthrough(env))
+        settings = Settings(_env_file=None, **given)  # type: ignore[arg-type, call-arg]
     except ValidationError as exc:
-        lines = [line for error in exc.errors() for line in _describe(error).split("; ")]
-        raise ConfigError(*lines) from None
+        problems += _validation_problems(exc, given, unknown)
+    else:
+        if not problems:
+            settings._variables = variables
+            return settings
+    raise ConfigError(*problems)
 
 
 def environment(cwd: Path | None = None) -> dict[str, str]:
@@ -247,18 +314,80 @@ def environment(cwd: Path | None = None) -> dict[str, str]:
     return {**{k: v for k, v in found.items() if v is not None}, **os.environ}
 
 
-def _from_mapping(env: Mapping[str, str], passthrough: dict[str, dict[str, str]]) -> Settings:
-    values: dict[str, object] = {
-        name[len("TXSTAGE_"):].lower(): value for name, value in env.items()
-        if name.upper().startswith("TXSTAGE_")
-    }
-    return Settings(_env_file=None, **values, **passthrough)  # type: ignore[arg-type, call-arg]
+ENV_PREFIX = "TXSTAGE_"
+# TXSTAGE_<FIELD> for each setting; the pass-through dicts are set by families instead.
+SETTING_NAMES = tuple(ENV_PREFIX + field.upper() for field in Settings.model_fields
+                      if field not in PASSTHROUGH_PREFIXES)
+_FAMILIES = tuple(prefix for p in PASSTHROUGH_PREFIXES.values()
+                  for prefix in (p.removesuffix("__") + FILE_SUFFIX, p))  # _FILE__ first
 
 
-def _describe(error: Mapping[str, object]) -> str:
+def is_allowed_name(name: str) -> bool:
+    """A setting, a pass-through property (``TXSTAGE_KAFKA__<property>``...) or allowed."""
+    upper = name.upper()
+    return (upper in SETTING_NAMES or upper in NOT_SETTINGS
+            or upper.startswith(NOT_SETTING_PREFIXES)
+            or any(upper.startswith(f) and len(upper) > len(f) for f in _FAMILIES))
+
+
+def unknown_names(env: Mapping[str, str]) -> dict[str, str | None]:
+    """The ``TXSTAGE_*`` names of ``env`` that are not allowed -> what each may mean."""
+    return {name: _did_you_mean(name) for name in sorted(env)
+            if name.upper().startswith(ENV_PREFIX) and not is_allowed_name(name)}
+
+
+def _did_you_mean(name: str) -> str | None:
+    upper = name.upper()
+    candidates = [n[len(ENV_PREFIX):] for n in (*SETTING_NAMES, *NOT_SETTINGS)]
+    if close := difflib.get_close_matches(upper[len(ENV_PREFIX):], candidates, 1, 0.7):
+        return ENV_PREFIX + close[0]
+    # A pass-through family misspelt: TXSTAGE_PRODUCERS__LINGER_MS, TXSTAGE_KAFKA_SASL_...
+    heads = [family.removesuffix("__") for family in _FAMILIES]
+    head, sep, rest = upper.partition("__")
+    if not sep:  # one underscore short
+        head = next((h for h in heads if upper.startswith(h + "_")), "")
+        rest = upper[len(head) + 1:] if head else ""
+    family = difflib.get_close_matches(head, heads, 1, 0.8) if rest else []
+    return f"{family[0]}__{name[len(name) - len(rest):]}" if family else None
+
+
+def _unknown_problem(name: str, hint: str | None) -> str:
+    upper = name.upper()
+    if upper in _FAMILIES:
+        return f"{name}: names no librdkafka property (set {upper}<property>)"
+    if upper + "__" in _FAMILIES:
+        return (f"{name}: not a setting (librdkafka properties are set one by one, as "
+                f"{upper}__<property>)")
+    return f"{name}: not a setting" + (f" (did you mean {hint}?)" if hint else "")
+
+
+def _validation_problems(exc: ValidationError, given: Mapping[str, object],
+                         unknown: Mapping[str, str | None]) -> list[str]:
+    """One line per error, and the checks across fields, which failed fields stop: run
+    again with stand-ins for those (skipping the timing check they could upset)."""
+    errors = list(exc.errors())
+    if failed := {str(error["loc"][0]) for error in errors if error["loc"]}:
+        fields = Settings.model_fields
+        stand_ins = {name: "stand-in:9092" if fields[name].is_required()
+                     else fields[name].get_default(call_default_factory=True) for name in failed}
+        token = _FAILED.set(frozenset(failed))
+        try:
+            Settings(_env_file=None, **{**given, **stand_ins})  # type: ignore[arg-type, call-arg]
+        except ValidationError as again:
+            errors += [error for error in again.errors() if not error["loc"]]
+        finally:
+            _FAILED.reset(token)
+    return [line for error in errors for line in _describe(error, unknown).split("\n")]
+
+
+def _describe(error: Mapping[str, object], unknown: Mapping[str, str | None]) -> str:
     loc = error.get("loc") or ()
     field = str(loc[0]) if isinstance(loc, tuple) and loc else ""
     message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
     if not field:
         return message
-    return f"TXSTAGE_{field.upper()}: {message}"
+    name = ENV_PREFIX + field.upper()
+    typos = [typo for typo, hint in unknown.items() if hint == name]
+    if error.get("type") == "missing" and typos:
+        message += f" ({', '.join(typos)} {'is' if len(typos) == 1 else 'are'} set: a typo?)"
+    return f"{name}: {message}"

@@ -7,15 +7,16 @@ can override them (settings.py also rejects attempts with a clear error).
 from __future__ import annotations
 
 import os
+import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer
 from pydantic import SecretStr
 
 from service.kafka.errors import kafka_error
-from service.settings import Settings
+from service.settings import FILE_SUFFIX, PASSTHROUGH_PREFIXES, Settings
 
 Config = dict[str, Any]
 
@@ -144,28 +145,113 @@ def admin_config(settings: Settings) -> Config:
 
 
 def refused_configs(settings: Settings) -> list[str]:
-    """What librdkafka refuses in the clients these settings make, one problem per
-    client, naming the property as librdkafka does. Settings pass their own checks
-    and can still combine into a configuration librdkafka will not take (say
+    """What librdkafka refuses in the clients these settings make. Settings pass their
+    own checks and can still combine into a configuration librdkafka will not take (say
     ``message.timeout.ms`` above ``transaction.timeout.ms``): found here, at start-up,
     they exit 2 instead of failing with a traceback when the first producer is made.
-    The probe clients are created and closed at once (no request is waited for)."""
-    quiet: Config = {"log_level": 0, "error_cb": lambda error: None}
+    Each problem names the variable the user set (``TXSTAGE_PRODUCER__LINGER_MS=banana``,
+    not librdkafka's canonical ``queue.buffering.max.ms``), found by building a refused
+    client again without, or with only, each pass-through property (_culprits). The
+    probe clients are created and closed at once (no request is waited for)."""
     sample = settings.transactional_id(settings.input_topics[0], 0) \
         if settings.exactly_once else None
-    problems = []
-    role = "pinned producer" if sample is not None else "producer"
+
+    def producer(probe: Settings) -> str | None:
+        return _refusal(Producer, producer_config(probe, sample))
+
+    def consumer(probe: Settings) -> str | None:
+        return _refusal(Consumer, consumer_config(probe))
+
+    clients: tuple[tuple[str, Callable[[Settings], str | None], tuple[str, str]], ...] = (
+        ("pinned producer" if sample is not None else "producer", producer,
+         ("kafka", "producer")),
+        ("consumer", consumer, ("kafka", "consumer")),
+    )
+    found: dict[tuple[str, str], list[str]] = {}  # (variables, reason) -> client roles
+    for role, refusal, sections in clients:
+        reason = refusal(settings)
+        if reason is not None:
+            for named in _culprits(settings, refusal, sections, reason):
+                found.setdefault(named, []).append(role)
+    return [f"{variables}librdkafka refuses the {' and '.join(roles)} configuration"
+            f"{'s' if len(roles) > 1 else ''}: {reason}"
+            for (variables, reason), roles in found.items()]
+
+
+def _culprits(settings: Settings, refusal: Callable[[Settings], str | None],
+              sections: tuple[str, str], reason: str) -> list[tuple[str, str]]:
+    """(``"VARIABLE=value: "``, librdkafka's reason) for what librdkafka refuses: the
+    pass-through properties without which the client's configuration is taken (several:
+    refused together, e.g. a SASL protocol and an option it cannot use); when there
+    is no such property (two bad ones, say), each property librdkafka refuses alone."""
+    # The client's own section wins over the kafka one for a property set in both.
+    effective = {prop: (section, value) for section in sections
+                 for prop, value in getattr(settings, section).items()}
+    empty: dict[str, dict[str, SecretStr]] = {section: {} for section in PASSTHROUGH_PREFIXES}
+
+    def probe(props: Mapping[str, tuple[str, SecretStr]]) -> str | None:
+        update = {section: {p: v for p, (s, v) in props.items() if s == section}
+                  for section in PASSTHROUGH_PREFIXES}
+        return refusal(settings.model_copy(update=update))
+
+    def shown(props: Mapping[str, tuple[str, SecretStr]]) -> str:
+        return ", ".join(_shown(settings, section, prop, value)
+                         for prop, (section, value) in props.items())
+
+    if not effective or refusal(settings.model_copy(update=empty)) is not None:
+        prefixes = ", ".join(f"{PASSTHROUGH_PREFIXES[s]}*" for s in sections)
+        return [("", f"{reason} ({prefixes})")]
+    needed = {prop: origin for prop, origin in effective.items()
+              if probe({p: o for p, o in effective.items() if p != prop}) is None}
+    if len(needed) == 1:
+        [prop] = needed
+        return [(shown(needed) + ": ", _alias(reason, prop))]
+    if needed:
+        return [(shown(needed) + " (together): ", reason)]
+    alone = [(shown({prop: origin}) + ": ", _alias(why, prop))
+             for prop, origin in effective.items()
+             if (why := probe({prop: origin})) is not None]
+    return alone or [(shown(effective) + " (together): ", reason)]
+
+
+def _alias(reason: str, prop: str) -> str:
+    """librdkafka names a property by its canonical name: say which one the user set
+    (``"queue.buffering.max.ms"`` is librdkafka's name for ``linger.ms``)."""
+    named = _NAMED_PROPERTY.search(reason)
+    if named is None or named[1] == prop or f'"{prop}"' in reason:
+        return reason
+    return f"{reason} (librdkafka's name for {prop})"
+
+
+_NAMED_PROPERTY = re.compile(r'^Invalid value for configuration property "([^"]+)"')
+
+# Pass-through values are secrets: one is shown only when its property is not named like
+# a secret and it was not read from a file (TXSTAGE_KAFKA_FILE__...).
+_SECRET_LIKE = re.compile(r"password|secret|key|pem|jaas|token|credential|config|keytab|"
+                          r"extension|sasl\.username", re.IGNORECASE)
+
+
+def _shown(settings: Settings, section: str, prop: str, value: SecretStr) -> str:
+    variable = settings.passthrough_variable(section, prop)
+    if FILE_SUFFIX in variable.upper() or _SECRET_LIKE.search(prop):
+        return variable
+    return f"{variable}={value.get_secret_value()}"
+
+
+def _refusal(client: Callable[[Config], object], config: Config) -> str | None:
+    """librdkafka's reason for refusing ``config``, or None when it takes it."""
+    quiet: Config = {"log_level": 0, "error_cb": lambda error: None}
     try:
-        Producer({**producer_config(settings, sample), **quiet}).flush(0)
+        made = client({**config, **quiet})
     except KafkaException as exc:
-        problems.append(f"librdkafka refuses the {role} configuration: {_reason(exc)} "
-                        "(TXSTAGE_KAFKA__*, TXSTAGE_PRODUCER__*)")
-    try:
-        Consumer({**consumer_config(settings), **quiet}).close()
-    except KafkaException as exc:
-        problems.append(f"librdkafka refuses the consumer configuration: {_reason(exc)} "
-                        "(TXSTAGE_KAFKA__*, TXSTAGE_CONSUMER__*)")
-    return problems
+        return _reason(exc)
+    except (TypeError, ValueError) as exc:  # confluent-kafka's own checks, in Python
+        return str(exc)
+    if isinstance(made, Producer):
+        made.flush(0)
+    elif isinstance(made, Consumer):
+        made.close()
+    return None
 
 
 def _reason(exc: KafkaException) -> str:
