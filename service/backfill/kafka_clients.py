@@ -12,18 +12,21 @@ from confluent_kafka.admin import AdminClient
 
 from service.backfill import progress
 from service.backfill.progress import JobState
-from service.kafka.config import admin_config, consumer_config
+from service.kafka.config import Config, admin_config, consumer_config
+from service.observability.logs import librdkafka_logger
 from service.settings import Settings
 
 
 def admin(settings: Settings) -> AdminClient:
-    return AdminClient(admin_config(settings))
+    config: Config = {**admin_config(settings), "logger": librdkafka_logger("backfill")}
+    return AdminClient(config)
 
 
 def progress_consumer(settings: Settings) -> Consumer:
     """read_committed, never joins its group nor commits: it only reads the progress topic
     by assignment, and needs end-of-partition events to know where the end is."""
-    return Consumer({**consumer_config(settings), "enable.partition.eof": True})
+    return Consumer({**consumer_config(settings), "enable.partition.eof": True,
+                     "logger": librdkafka_logger("backfill")})
 
 
 def range_consumer(settings: Settings) -> Consumer:
@@ -32,13 +35,14 @@ def range_consumer(settings: Settings) -> Consumer:
     (the stage's ``auto.offset.reset``) read on from there, and the slice was marked
     done with its head missing."""
     return Consumer({**consumer_config(settings), "enable.partition.eof": True,
-                     "auto.offset.reset": "error"})
+                     "auto.offset.reset": "error", "logger": librdkafka_logger("backfill")})
 
 
 def watermark_consumer(settings: Settings) -> Consumer:
     """Asks for the high watermark only, which read_committed would report as the last
     stable offset; it never reads a record, so read_uncommitted cannot leak anything."""
-    return Consumer({**consumer_config(settings), "isolation.level": "read_uncommitted"})
+    return Consumer({**consumer_config(settings), "isolation.level": "read_uncommitted",
+                     "logger": librdkafka_logger("backfill")})
 
 
 def read_job(settings: Settings, topic: str, job_id: str) -> JobState:

@@ -25,6 +25,7 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from service.kafka.config import FETCH_QUEUE_BACKOFF_MS
 from service.kafka.errors import kafka_error
+from service.observability.logs import librdkafka_logger
 
 Partition = tuple[str, int]
 Config = Mapping[str, Any]
@@ -38,7 +39,7 @@ _DENIED = {KafkaError.TOPIC_AUTHORIZATION_FAILED: "READ on topic",
 
 def partitions(config: Config, topics: Iterable[str]) -> list[Partition]:
     """Every partition of ``topics``; LookupError names a topic that does not exist."""
-    admin = AdminClient(dict(config))
+    admin = AdminClient(_with_logger(config))
     found: list[Partition] = []
     for topic in topics:
         # One topic at a time: a listing of all topics leaves out, silently, those this
@@ -68,7 +69,7 @@ def list_offsets(config: Config, wanted: Iterable[Partition], spec: OffsetSpec,
     request = {TopicPartition(t, p): spec for t, p in wanted}
     if not request:
         return {}
-    admin = AdminClient(dict(config))  # kept until the results are in: they die with it
+    admin = AdminClient(_with_logger(config))  # kept until the results are in: they die with it
     futures = admin.list_offsets(request, isolation_level=isolation, request_timeout=30)
     return {(tp.topic, tp.partition): future.result(60).offset
             for tp, future in futures.items()}
@@ -94,7 +95,8 @@ def group_reader(config: Config, group_id: str, *, stable: bool = True) -> Consu
     ListConsumerGroupOffsets by poking a consumer group the admin client does not
     have, and the process dies with SIGSEGV (librdkafka#5040) when the group
     coordinator moves (a broker restarts or pauses)."""
-    return Consumer({**config, "group.id": group_id, "enable.auto.commit": False,
+    return Consumer({**config, "logger": librdkafka_logger("offsets"),
+                     "group.id": group_id, "enable.auto.commit": False,
                      "isolation.level": "read_committed" if stable else "read_uncommitted"})
 
 
@@ -152,7 +154,8 @@ def read(config: Config, group_id: str, windows: Mapping[Partition, tuple[int, i
     todo = {k: (s, e) for k, (s, e) in windows.items() if e > s}
     if not todo:
         return 0
-    consumer = Consumer({"fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+    consumer = Consumer({"logger": librdkafka_logger("reader"),
+                         "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
                          **config, "group.id": group_id, "enable.auto.commit": False,
                          "isolation.level": "read_committed", "enable.partition.eof": True,
                          "auto.offset.reset": "earliest"})
@@ -192,3 +195,8 @@ def read(config: Config, group_id: str, windows: Mapping[Partition, tuple[int, i
     finally:
         consumer.close()
     return count
+
+
+def _with_logger(config: Config) -> dict[str, Any]:
+    """librdkafka's log through the stage's logger, never raw to stderr."""
+    return {**config, "logger": librdkafka_logger("reader")}

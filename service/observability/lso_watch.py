@@ -29,6 +29,8 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 from prometheus_client import Gauge
 
+from service.observability.logs import librdkafka_logger
+
 log = structlog.get_logger(__name__)
 
 Key = tuple[str, str, int]  # role, topic, partition
@@ -59,7 +61,8 @@ class LsoWatch:
     def __init__(self, admin_config: Mapping[str, Any], topics: Mapping[str, Sequence[str]],
                  lag: Gauge, stuck: Gauge, *, interval_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._admin = AdminClient(dict(admin_config))
+        config: dict[str, Any] = {**admin_config, "logger": librdkafka_logger("lso-watch")}
+        self._admin = AdminClient(config)
         self._topics = {role: list(dict.fromkeys(names)) for role, names in topics.items()}
         self._lag, self._stuck = lag, stuck
         self._interval_s, self._clock = interval_s, clock

@@ -14,7 +14,7 @@ from service.kafka.cluster import OutputLimits
 from service.kafka.config import consumer_config
 from service.kafka.errors import translated
 from service.observability.health import Health
-from service.observability.logs import librdkafka_logger
+from service.observability.logs import error_cb, librdkafka_logger
 from service.observability.metrics import Metrics
 from service.settings import Settings
 from service.stage.guarantees.choice import for_settings
@@ -24,6 +24,7 @@ from service.stage.rebalance import RebalanceListener
 from service.stage.shutdown import Watchdog
 
 log = structlog.get_logger(__name__)
+_LOG_CLIENT_ERROR = error_cb("consumer")
 
 
 _MAX_ABORT_STREAK = 10  # a failed delivery often costs two aborts (failure, epoch bump)
@@ -151,8 +152,8 @@ class Stage:
             self._offsets_committed(error, partitions)
 
     def _on_client_error(self, error: KafkaError) -> None:
-        """error_cb, on a librdkafka thread: log, and record a fatal error. Never raises."""
-        log.warning("kafka.client_error", code=error.name(), error=error.str(),
-                    fatal=error.fatal())
+        """error_cb, on a librdkafka thread: log (folded, as every client's), and record a
+        fatal error. Never raises."""
+        _LOG_CLIENT_ERROR(error)
         if error.fatal():
             self.loop.recorded.append(FatalError(Where("consumer"), error))

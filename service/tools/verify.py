@@ -33,6 +33,7 @@ from service.contract.processing import Produced, process
 from service.contract.records import Record, Transform
 from service.kafka.config import FETCH_QUEUE_BACKOFF_MS
 from service.kafka.messages import to_record
+from service.observability.logs import librdkafka_logger
 
 Key = tuple[str, int]  # (txstage.src, txstage.idx)
 
@@ -49,6 +50,7 @@ def read_topics(bootstrap: str, topics: Iterable[str], *, isolation: str = "read
     high watermark within ``timeout_s``.
     """
     consumer = Consumer({
+        "logger": librdkafka_logger("verify"),
         "bootstrap.servers": bootstrap, "group.id": f"txstage-verify-{uuid.uuid4().hex}",
         "isolation.level": isolation, "enable.auto.commit": False,
         "enable.partition.eof": True, "auto.offset.reset": "earliest",
@@ -102,7 +104,8 @@ def _read_to_end(consumer: Consumer, partitions: list[TopicPartition],
 
 def committed_offsets(bootstrap: str, group_id: str, topics: Iterable[str]) -> dict[Key, int]:
     """The group's committed offset per input partition (-1001 when none)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id,
+    consumer = Consumer({"logger": librdkafka_logger("verify"),
+                         "bootstrap.servers": bootstrap, "group.id": group_id,
                          "enable.auto.commit": False})
     try:
         tps = _partitions(consumer, topics)
@@ -112,7 +115,8 @@ def committed_offsets(bootstrap: str, group_id: str, topics: Iterable[str]) -> d
 
 
 def end_offsets(bootstrap: str, topics: Iterable[str]) -> dict[Key, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "txstage-verify-ends"})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "txstage-verify-ends",
+                         "logger": librdkafka_logger("verify")})
     try:
         return {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=10)[1]
                 for tp in _partitions(consumer, topics)}

@@ -217,7 +217,7 @@ class Replica:
         ``lines`` lines, then the last thread dump and partition states (SIGUSR1) if
         there were any."""
         text = self.log_path.read_text(errors="replace").splitlines()
-        noise = ("kafka.client_error", "Connect to ipv4", "brokers are down")
+        noise = ("kafka_client_error", "Connect to ipv4", "brokers are down")
         quiet = [line for line in text if not any(n in line for n in noise)]
         dump_at = max((i for i, line in enumerate(text)
                        if line.startswith(("Thread 0x", "Current thread 0x"))), default=None)
