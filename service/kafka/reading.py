@@ -106,6 +106,7 @@ def committed(config: Config, group_id: str, wanted: Iterable[Partition], *,
     offsets an open transaction holds is asked again (a running exactly-once stage has
     one open most of the time) until ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
+    _may_describe(config, group_id)
     consumer = group_reader(config, group_id)
     found: dict[Partition, int] = {}
     pending = list(wanted)
@@ -127,6 +128,20 @@ def committed(config: Config, group_id: str, wanted: Iterable[Partition], *,
     finally:
         consumer.close()
     return found
+
+
+def _may_describe(config: Config, group_id: str) -> None:
+    """PermissionError unless this principal may DESCRIBE the group. Asked first: a
+    consumer denied the group's coordinator only times out (librdkafka queues the
+    denial as a consume() event), where DescribeConsumerGroups says why at once."""
+    admin = AdminClient(_with_logger(config))  # kept until the result is in
+    [future] = admin.describe_consumer_groups([group_id], request_timeout=30).values()
+    try:
+        future.result(35)
+    except KafkaException as exc:
+        error = kafka_error(exc)
+        if error is not None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+            raise _denied(exc, group_id) from exc
 
 
 def _committed(consumer: Consumer, group_id: str, wanted: list[Partition], deadline: float
