@@ -1,4 +1,4 @@
-"""The ``txstage`` command: run, check-config, audit, redrive, backfill, kafka.
+"""The ``txstage`` command: run, check-config, audit, redrive, backfill, kafka, topics.
 
 One argparse tree. ``run`` and ``check-config`` are defined here; every other command's
 arguments are defined by its own module, ``add_arguments(parser)``, which also sets the
@@ -49,6 +49,7 @@ TOOLS = {
                 "reprocess dead letters through the current transform"),
     "backfill": ("service.backfill.cli", "reprocess history on PySpark (see docs/backfill.md)"),
     "kafka": ("service.local_kafka.cli", "a local Kafka broker: install|up|down|status"),
+    "topics": ("service.tools.topics", "create the stage's topics from its settings"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Every Prometheus metric txstage exports, in one place (documented in README.md).
+"""Every Prometheus metric txstage exports, in one place (documented in docs/metrics.md).
 
 Labels stay bounded: ``reason``/``kind``/``op`` are fixed sets, ``topic`` is an
 output topic, and per-partition gauges exist only for partitions this replica
