@@ -1,6 +1,8 @@
 """At-least-once mode under faults (issue 8): a refused delivery on some partitions
 only, and replicas scaling while offsets are committed. Duplicates are allowed in
-this mode; loss, foreign outputs, lag and replicas dying are not."""
+this mode; loss, foreign outputs, lag and replicas dying are not.
+
+Takes ≈ 140 s (2 cores; make test, 2026-11-27)."""
 
 from __future__ import annotations
 

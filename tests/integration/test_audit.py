@@ -1,7 +1,9 @@
 """``txstage audit`` (issue 11) against a real broker and a real stage: clean while the
 stage runs and its input grows, and each planted violation found — a duplicated output,
 a lost input (offsets committed past it, no output), an output without an input, and a
-transaction a stopped foreign producer leaves open on an output partition."""
+transaction a stopped foreign producer leaves open on an output partition.
+
+Takes ≈ 40 s (2 cores; make test, 2026-11-27)."""
 
 from __future__ import annotations
 

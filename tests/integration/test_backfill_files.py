@@ -3,6 +3,8 @@
 The round trips are checked against the real stage's outputs by lineage: the JSON
 enrichment transform must give the stream's bytes from Kafka → Parquet and from the
 "lake" (the input topic dumped to Parquet) → Kafka.
+
+Takes ≈ 57 s (2 cores; make test, 2026-11-27).
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Every check is by lineage (service.backfill.parity): the backfill's outputs against the
 real stage's outputs for the same input (renamed topics aside), or against what the
 transform makes of the input read back read_committed.
+
+Takes ≈ 180 s (2 cores; make test, 2026-11-27).
 """
 
 from __future__ import annotations

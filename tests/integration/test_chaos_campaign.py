@@ -1,7 +1,9 @@
 """A short chaos campaign in the suite (issue 9's CI subset): fixed seeds, a fault
 every few seconds for under a minute each, then heal, drain and check everything
 ``make chaos`` checks. A failing seed is replayed with the same arguments:
-``make chaos CHAOS_ARGS="--seed <seed> --duration <s> ..."``."""
+``make chaos CHAOS_ARGS="--seed <seed> --duration <s> ..."``.
+
+Takes ≈ 250 s (2 cores; make test, 2026-11-27)."""
 
 from __future__ import annotations
 

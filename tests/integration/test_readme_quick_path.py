@@ -1,7 +1,9 @@
 """The README's quick path, run verbatim with bash on a fresh broker: the block between
 ``<!-- quick-path -->`` and ``<!-- /quick-path -->``. The harness adds ``set -e`` before
 it and a ``wait`` for the stage after it, and gives ``txstage kafka up`` a cache of its
-own (the installed jars, fresh data), so the broker it starts is new."""
+own (the installed jars, fresh data), so the broker it starts is new.
+
+Takes ≈ 10 s (2 cores; make test, 2026-11-27)."""
 
 from __future__ import annotations
 

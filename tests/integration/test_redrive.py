@@ -1,7 +1,9 @@
 """``txstage redrive`` (issue 11) on a real broker: dead letters of a buggy transform,
 redriven after the fix, give exactly the outputs the fixed stream would have given (as
 ``txstage audit`` checks by lineage); a second run, and a run killed halfway then
-resumed, write nothing twice; letters that fail again go back with an attempt count."""
+resumed, write nothing twice; letters that fail again go back with an attempt count.
+
+Takes ≈ 49 s (2 cores; make test, 2026-11-27)."""
 
 from __future__ import annotations
 

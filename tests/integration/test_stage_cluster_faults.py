@@ -1,5 +1,7 @@
 """Faults beyond one replica: oversized outputs, and a partition leader killed in a
-3-node cluster (RF 3, min.insync.replicas 2) while the stage runs."""
+3-node cluster (RF 3, min.insync.replicas 2) while the stage runs.
+
+Takes ≈ 130 s (2 cores; make test, 2026-11-27)."""
 
 from __future__ import annotations
 

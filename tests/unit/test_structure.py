@@ -1,5 +1,6 @@
 """The tree's own rules (docs/architecture.md): small modules, package faces that only
-re-export, and no import cycle in ``service/``."""
+re-export, no import cycle in ``service/``, and every integration module saying how
+long it takes."""
 
 from __future__ import annotations
 
@@ -71,3 +72,13 @@ def test_no_import_cycle_in_service() -> None:
 
     for name in sorted(graph):
         visit(name, [])
+
+
+INTEGRATION = sorted((SERVICE.parent / "tests" / "integration").glob("test_*.py"))
+
+
+@pytest.mark.parametrize("path", INTEGRATION, ids=lambda p: p.name)
+def test_each_integration_module_says_how_long_it_takes(path: Path) -> None:
+    docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+    assert docstring.splitlines()[-1].startswith("Takes ≈ "), \
+        f"{path.name}: end the docstring with 'Takes ≈ N s (...)' (make test prints the seconds)"
