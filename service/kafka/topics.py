@@ -19,9 +19,11 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from service.contract.processing import Produced
 from service.errors import Where
 from service.kafka.config import Config
 from service.kafka.errors import kafka_error, translated
+from service.kafka.producer import produce
 from service.observability.logs import librdkafka_logger
 
 
@@ -51,12 +53,7 @@ def produce_lines(config: Config, topic: str, lines: Iterable[bytes]) -> int:
     count = 0
     with translated(Where("produce", topic=topic)):
         for line in lines:
-            while True:
-                try:
-                    producer.produce(topic, line)
-                    break
-                except BufferError:
-                    producer.poll(0.1)
+            produce(producer, Produced(topic, None, line, []))  # waits while the queue is full
             count += 1
         left = producer.flush(60)
     if left:
