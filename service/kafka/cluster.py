@@ -300,7 +300,7 @@ class Cluster:
         except KafkaException as exc:
             if topic is not None and "UNKNOWN_TOPIC" in str(exc):
                 raise UnknownTopicError(f"topic {topic!r} does not exist") from exc
-            raise translate(exc, where) from exc
+            raise _translated(exc, where) from exc  # a broker restarting: "not now"
         return {name: entry.value for name, entry in entries.items()}
 
 

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 from unittest.mock import MagicMock
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from service.errors import ConfigError, RetriableError, Where
-from service.kafka.cluster import Cluster
+from service.kafka.cluster import Cluster, OutputLimits
 from service.preflight import check_cluster
 from service.settings import load_settings
 
@@ -136,3 +136,42 @@ def test_a_renewed_cluster_asks_through_a_new_client_and_authenticates_again() -
     cluster.renew()
     assert cluster._admin is not old
     assert not cluster._authenticated
+
+
+def _describe_failing_with(code: int) -> MagicMock:
+    future = MagicMock()
+    future.result.side_effect = KafkaException(KafkaError(code, "Broker transport failure"))
+    admin = MagicMock()
+    admin.describe_configs.side_effect = lambda resources: {resources[0]: future}
+    return admin
+
+
+def test_a_topic_config_asked_while_the_broker_restarts_is_the_clusters_not_now() -> None:
+    # CI, 2026-11-27: a backfill slice looked its output's limit up while the only
+    # broker restarted; describe_configs failed with _TRANSPORT, which was called fatal
+    # and killed the task instead of being asked again.
+    cluster = Cluster({"bootstrap.servers": "127.0.0.1:1"})
+    cluster._admin = _describe_failing_with(KafkaError._TRANSPORT)
+    with pytest.raises(RetriableError, match="_TRANSPORT"):
+        cluster.topic_config("out")
+
+
+def test_an_output_limit_is_asked_again_until_the_restarted_broker_answers() -> None:
+    cluster = Cluster({"bootstrap.servers": "127.0.0.1:1"})
+    answers = [KafkaException(KafkaError(KafkaError._TRANSPORT, "transport")),
+               {"max.message.bytes": MagicMock(value="4096")}]
+
+    def describe(resources: list[object]) -> dict[object, MagicMock]:
+        future = MagicMock()
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            future.result.side_effect = answer
+        else:
+            future.result.return_value = answer
+        return {resources[0]: future}
+
+    cluster._admin = MagicMock()
+    cluster._admin.describe_configs.side_effect = describe
+    limits = OutputLimits(cluster, 1_000_000)
+    assert limits("out") == 4096
+    assert not answers
