@@ -22,7 +22,7 @@ class RebalanceListener:
         self._metrics = metrics
         self._health = health
         self._release_s = release_s
-        self.abandoning = False  # the shutdown budget ran out: release nothing, just go
+        self.abandoning = False  # the group is being left: everything was released (or given up)
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Assign, then pause at once: each partition fetches only after its producer
@@ -45,18 +45,31 @@ class RebalanceListener:
 
     def release(self, partitions: list[TopicPartition], *, lost: bool, reason: str,
                 deadline: float | None = None) -> None:
-        kind = "lost" if lost else "revoked"
-        self._metrics.rebalances.labels(kind=kind).inc()
+        """Release partitions: a rebalance's revoke or loss, or the stage's own stop
+        (``reason="shutdown"``; ``lost``: the stop is dirty, commit nothing).
+
+        A stop is logged once, as ``partitions.released``, and is no rebalance. The
+        revoke that ``consumer.close()`` then calls back (``abandoning``) finds
+        nothing pinned: it is logged at debug and not counted."""
+        if self.abandoning:
+            log.debug("partitions.released_at_close", partitions=_names(partitions),
+                      reason=reason)
+            return
         keys = [(tp.topic, tp.partition) for tp in partitions]
         if deadline is None:  # lost: nothing in flight can still commit, so wait for none
             deadline = time.monotonic() + (0.0 if lost else self._release_s)
-        if not self.abandoning:
-            try:
-                self._loop.release(keys, lost=lost, reason=reason, deadline=deadline)
-            except BaseException as exc:
-                self._loop.record(exc, "rebalance")
-        log.info(f"partitions.{kind}", partitions=_names(partitions),
-                 pinned=len(self._loop.partitions))
+        if reason != "shutdown":
+            self._metrics.rebalances.labels(kind="lost" if lost else "revoked").inc()
+        try:
+            self._loop.release(keys, lost=lost, reason=reason, deadline=deadline)
+        except BaseException as exc:
+            self._loop.record(exc, "rebalance")
+        if reason == "shutdown":
+            log.info("partitions.released", partitions=_names(partitions),
+                     outcome="aborted" if lost else "committed", pinned=len(self._loop.partitions))
+        else:
+            log.info(f"partitions.{reason}", partitions=_names(partitions),
+                     pinned=len(self._loop.partitions))
 
 
 def _names(partitions: list[TopicPartition]) -> list[str]:

@@ -60,7 +60,7 @@ def test_scale_out_and_in_moves_producers_without_duplicates(stage: StageSetup) 
     feeder.join()
     stage.wait_committed()
     stage.assert_exactly_once()
-    assert first.events("partitions.revoked"), "the leaving replica must revoke and close"
+    assert first.events("partitions.released"), "the leaving replica must release and close"
     assert second.terminate() == 0
 
 
