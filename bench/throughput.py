@@ -62,7 +62,8 @@ from bench.common import (
     thread_cpu,
 )
 from bench.transforms import identity
-from service.tools.verify import HangingTransactionError, verify
+from service.kafka.reading import HangingTransactionError
+from service.tools.verify import verify
 from tests.harness.replica import Replica
 
 MODES = ("exactly_once", "at_least_once", "bare")

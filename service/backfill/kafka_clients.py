@@ -45,6 +45,12 @@ def watermark_consumer(settings: Settings) -> Consumer:
                      "logger": librdkafka_logger("backfill")})
 
 
+def fetch_error(error: KafkaError) -> KafkaException:
+    """librdkafka's own exception for a message's error: a slice's fetch error fails its
+    Spark task as librdkafka raised it, and Spark retries the task."""
+    return KafkaException(error)
+
+
 def read_job(settings: Settings, topic: str, job_id: str) -> JobState:
     """A job's plan and committed slice progress, as of now (see progress.read_job)."""
     watermarks = watermark_consumer(settings)

@@ -31,11 +31,10 @@ from typing import Any
 
 from service.backfill.plan import Slice
 from service.backfill.specs import ParquetSink, parse_sink
-from service.contract import lineage
+from service.contract import letters, lineage
 from service.contract.lineage import Lineage
 from service.errors import ConfigError
-from service.tools.redrive import letters
-from service.tools.verify import read_topics
+from service.kafka.reading import read_topics
 
 Key = tuple[str, int]  # (txstage.src, txstage.idx)
 FIELDS = ("topic", "key", "value", "headers")
@@ -353,7 +352,7 @@ def _fields(a: _Entry, b: _Entry) -> tuple[str, ...]:
 
 def from_topics(bootstrap: str, topics: Iterable[str], timeout_s: float = 120.0
                 ) -> Iterator[Output]:
-    """Every record of ``topics``, read_committed to the end (service.tools.verify.read_topics)."""
+    """Every record of ``topics``, read_committed to the end (service.kafka.reading.read_topics)."""
     for record in read_topics(bootstrap, topics, timeout_s=timeout_s):
         yield Output(record.topic, record.key, record.value, record.headers)
 

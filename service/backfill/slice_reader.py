@@ -17,8 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-# A fetch error fails the Spark task as librdkafka raised it; Spark retries the task.
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition  # noqa: TID251
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from service.backfill import kafka_clients
 from service.contract.records import Record
@@ -76,7 +75,7 @@ def _records(consumer: Consumer, start: int, end: int,
                         f"{message.topic()}/{message.partition()}: offset {expected} is no "
                         f"longer in Kafka (retention deleted it while the job ran): the "
                         f"range {start}..{end - 1} cannot be read whole ({error.str()})")
-                raise KafkaException(error)
+                raise kafka_clients.fetch_error(error)  # Spark retries the task
             offset: int = message.offset()  # type: ignore[assignment]
             if offset >= end:
                 return

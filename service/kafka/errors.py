@@ -82,3 +82,14 @@ def translated(where: Where) -> Iterator[None]:
         yield
     except KafkaException as exc:
         raise translate(exc, where) from exc
+
+
+@contextmanager
+def untranslated() -> Iterator[None]:
+    """Run code that lets librdkafka's own error through (service.kafka.reading, what the
+    operator tools read with): its KafkaException leaves as a RuntimeError with the same
+    message, for callers outside this boundary, which may not catch KafkaException."""
+    try:
+        yield
+    except KafkaException as exc:
+        raise RuntimeError(str(exc)) from exc

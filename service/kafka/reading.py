@@ -3,12 +3,15 @@
 
 Every function takes the librdkafka client properties (the stage's settings; the
 credentials are the audit's own principal, docs/security.md) and raises KafkaException
-on failure, PermissionError naming what the principal lacks.
+on failure, PermissionError naming what the principal lacks. Except ``read_topics``:
+whole topics into memory, from a bootstrap address alone, what the lineage check
+(service.tools.verify), the backfill's parity and the tests read with.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -23,8 +26,10 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
+from service.contract.records import Record
 from service.kafka.config import FETCH_QUEUE_BACKOFF_MS
 from service.kafka.errors import kafka_error
+from service.kafka.messages import to_record
 from service.observability.logs import librdkafka_logger
 
 Partition = tuple[str, int]
@@ -210,6 +215,73 @@ def read(config: Config, group_id: str, windows: Mapping[Partition, tuple[int, i
     finally:
         consumer.close()
     return count
+
+
+class HangingTransactionError(TimeoutError):
+    """read_committed could not reach the end of a partition: a transaction is open (V5 of
+    service.tools.verify)."""
+
+
+def read_topics(bootstrap: str, topics: Iterable[str], *, isolation: str = "read_committed",
+                timeout_s: float = 60.0) -> list[Record]:
+    """Every record of ``topics`` from the beginning to the end, in partition order.
+
+    Raises HangingTransactionError if read_committed cannot reach a partition's
+    high watermark within ``timeout_s``.
+    """
+    consumer = Consumer({
+        "logger": librdkafka_logger("verify"),
+        "bootstrap.servers": bootstrap, "group.id": f"txstage-verify-{uuid.uuid4().hex}",
+        "isolation.level": isolation, "enable.auto.commit": False,
+        "enable.partition.eof": True, "auto.offset.reset": "earliest",
+        # Watermark queries queue behind an in-flight fetch: keep fetches short.
+        "fetch.wait.max.ms": 10,
+        "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+    })
+    try:
+        return _read_to_end(consumer, topic_partitions(consumer, topics), timeout_s)
+    finally:
+        consumer.close()
+
+
+def topic_partitions(consumer: Consumer, topics: Iterable[str]) -> list[TopicPartition]:
+    """Every partition of ``topics`` at offset 0, as ``consumer`` is told of them;
+    LookupError names a topic that does not exist."""
+    metadata = consumer.list_topics(timeout=15)
+    found = []
+    for topic in topics:
+        if topic not in metadata.topics:
+            raise LookupError(f"topic {topic!r} does not exist")
+        found += [TopicPartition(topic, p, 0) for p in metadata.topics[topic].partitions]
+    return found
+
+
+def _read_to_end(consumer: Consumer, partitions: list[TopicPartition],
+                 timeout_s: float) -> list[Record]:
+    consumer.assign(partitions)
+    records: list[Record] = []
+    reached: dict[Partition, int] = {}
+    deadline = time.monotonic() + timeout_s
+    wanted = {(tp.topic, tp.partition) for tp in partitions}
+    while True:
+        # Watermarks cost a round trip each: ask only once every partition hit its end.
+        if wanted <= reached.keys() or time.monotonic() > deadline:
+            high = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=10)[1]
+                    for tp in partitions}
+            if all(reached.get(k, 0 if h == 0 else -1) >= h for k, h in high.items()):
+                return records
+        if time.monotonic() > deadline:
+            behind = {f"{t}/{p}": (reached.get((t, p)), h) for (t, p), h in high.items()
+                      if reached.get((t, p), -1) < h}
+            raise HangingTransactionError(f"read_committed stuck below the high watermark "
+                                          f"(reached, high): {behind}")
+        for msg in consumer.consume(10_000, 0.2):
+            error = msg.error()
+            key = (str(msg.topic()), int(msg.partition() or 0))
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                reached[key] = int(msg.offset() or 0)
+            elif error is None:
+                records.append(to_record(msg))
 
 
 def _with_logger(config: Config) -> dict[str, Any]:

@@ -6,12 +6,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-# kafka/reading.py raises librdkafka's own error to the tools: "could not finish", 4.
-from confluent_kafka import KafkaException  # noqa: TID251
-
 from service.errors import ConfigError, DeniedError, KafkaOperationError
 from service.exit_codes import ExitCode
 from service.kafka.config import refused_configs
+from service.kafka.errors import untranslated
 from service.settings import Settings, load_settings
 
 
@@ -30,7 +28,10 @@ def run_tool(name: str, body: Callable[[], int], *, unfinished_hint: str = "") -
     """``body()``'s exit code; bad settings, an unknown topic or a missing permission
     exit 2 naming it, a cluster failure or a time-out 4."""
     try:
-        return body()
+        # kafka/reading.py raises librdkafka's own error to the tools: "could not
+        # finish", 4 (a RuntimeError here, with librdkafka's message).
+        with untranslated():
+            return body()
     except DeniedError as exc:  # before KafkaOperationError: a permission, not the cluster
         print(f"txstage {name}: {exc}", file=sys.stderr)
         return ExitCode.CONFIG
@@ -41,6 +42,6 @@ def run_tool(name: str, body: Callable[[], int], *, unfinished_hint: str = "") -
     except (LookupError, PermissionError) as exc:
         print(f"txstage {name}: {exc.args[0]}", file=sys.stderr)
         return ExitCode.CONFIG
-    except (KafkaException, KafkaOperationError, TimeoutError, RuntimeError) as exc:
+    except (KafkaOperationError, TimeoutError, RuntimeError) as exc:
         print(f"txstage {name}: could not finish{unfinished_hint}: {exc}", file=sys.stderr)
         return ExitCode.UNFINISHED

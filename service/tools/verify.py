@@ -12,94 +12,30 @@ with what the transform makes of the committed input:
   watermark of every output partition (a hanging transaction holds the last
   stable offset below it)
 
-Used by the test suite, the chaos campaign, the benchmarks and ``txstage backfill verify``
-(``service/backfill/parity.py``).
+Used by the test suite, the chaos campaign and the benchmarks (``txstage backfill verify``,
+``service/backfill/parity.py``, reads topics as it does: service.kafka.reading.read_topics).
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer
 
 from service.contract import lineage
 from service.contract.deadletter import dropped_parts
 from service.contract.processing import Produced, process
 from service.contract.records import Record, Transform
-from service.kafka.config import FETCH_QUEUE_BACKOFF_MS
-from service.kafka.messages import to_record
+
+# verify() raises it (V5). Only for bench/demo.py, which still imports it from here:
+# drop once it imports service.kafka.reading's.
+from service.kafka.reading import read_topics, topic_partitions
 from service.observability.logs import librdkafka_logger
 
 Key = tuple[str, int]  # (txstage.src, txstage.idx)
-
-
-class HangingTransactionError(TimeoutError):
-    """read_committed could not reach the end of a partition: a transaction is open (V5)."""
-
-
-def read_topics(bootstrap: str, topics: Iterable[str], *, isolation: str = "read_committed",
-                timeout_s: float = 60.0) -> list[Record]:
-    """Every record of ``topics`` from the beginning to the end, in partition order.
-
-    Raises HangingTransactionError if read_committed cannot reach a partition's
-    high watermark within ``timeout_s``.
-    """
-    consumer = Consumer({
-        "logger": librdkafka_logger("verify"),
-        "bootstrap.servers": bootstrap, "group.id": f"txstage-verify-{uuid.uuid4().hex}",
-        "isolation.level": isolation, "enable.auto.commit": False,
-        "enable.partition.eof": True, "auto.offset.reset": "earliest",
-        # Watermark queries queue behind an in-flight fetch: keep fetches short.
-        "fetch.wait.max.ms": 10,
-        "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
-    })
-    try:
-        return _read_to_end(consumer, _partitions(consumer, topics), timeout_s)
-    finally:
-        consumer.close()
-
-
-def _partitions(consumer: Consumer, topics: Iterable[str]) -> list[TopicPartition]:
-    metadata = consumer.list_topics(timeout=15)
-    found = []
-    for topic in topics:
-        if topic not in metadata.topics:
-            raise LookupError(f"topic {topic!r} does not exist")
-        found += [TopicPartition(topic, p, 0) for p in metadata.topics[topic].partitions]
-    return found
-
-
-def _read_to_end(consumer: Consumer, partitions: list[TopicPartition],
-                 timeout_s: float) -> list[Record]:
-    consumer.assign(partitions)
-    records: list[Record] = []
-    reached: dict[Key, int] = {}
-    deadline = time.monotonic() + timeout_s
-    wanted = {(tp.topic, tp.partition) for tp in partitions}
-    while True:
-        # Watermarks cost a round trip each: ask only once every partition hit its end.
-        if wanted <= reached.keys() or time.monotonic() > deadline:
-            high = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=10)[1]
-                    for tp in partitions}
-            if all(reached.get(k, 0 if h == 0 else -1) >= h for k, h in high.items()):
-                return records
-        if time.monotonic() > deadline:
-            behind = {f"{t}/{p}": (reached.get((t, p)), h) for (t, p), h in high.items()
-                      if reached.get((t, p), -1) < h}
-            raise HangingTransactionError(f"read_committed stuck below the high watermark "
-                                          f"(reached, high): {behind}")
-        for msg in consumer.consume(10_000, 0.2):
-            error = msg.error()
-            key = (str(msg.topic()), int(msg.partition() or 0))
-            if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                reached[key] = int(msg.offset() or 0)
-            elif error is None:
-                records.append(to_record(msg))
 
 
 def committed_offsets(bootstrap: str, group_id: str, topics: Iterable[str]) -> dict[Key, int]:
@@ -108,7 +44,7 @@ def committed_offsets(bootstrap: str, group_id: str, topics: Iterable[str]) -> d
                          "bootstrap.servers": bootstrap, "group.id": group_id,
                          "enable.auto.commit": False})
     try:
-        tps = _partitions(consumer, topics)
+        tps = topic_partitions(consumer, topics)
         return {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(tps, timeout=15)}
     finally:
         consumer.close()
@@ -119,7 +55,7 @@ def end_offsets(bootstrap: str, topics: Iterable[str]) -> dict[Key, int]:
                          "logger": librdkafka_logger("verify")})
     try:
         return {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=10)[1]
-                for tp in _partitions(consumer, topics)}
+                for tp in topic_partitions(consumer, topics)}
     finally:
         consumer.close()
 

@@ -40,9 +40,10 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException, Producer
 
+from service.kafka.reading import HangingTransactionError
 from service.local_kafka.cluster import KafkaCluster
 from service.local_kafka.readiness import wait_ready
-from service.tools.verify import HangingTransactionError, committed_offsets, end_offsets, verify
+from service.tools.verify import committed_offsets, end_offsets, verify
 from tests.chaos.faults import LIBRARY, Later
 from tests.harness.admin import create_topic
 from tests.harness.proxy import FaultProxy

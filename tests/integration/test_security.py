@@ -25,10 +25,11 @@ from confluent_kafka.admin._acl import AclBinding, AclBindingFilter
 
 from service.backfill.config import default_progress_topic
 from service.examples.square import square
+from service.kafka.reading import read_topics
 from service.local_kafka.cluster import KafkaCluster
 from service.local_kafka.security import upsert_scram_user
 from service.tools.acls import Grant, audit_grants, backfill_grants, stage_grants
-from service.tools.verify import compare, expected_outputs, read_topics
+from service.tools.verify import compare, expected_outputs
 from tests.harness.admin import create_topic
 from tests.harness.spark import Backfill, spark_fixture  # noqa: F401  (fixture)
 from tests.harness.stage import (

@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient
 
 from service.contract import lineage
 from service.contract.deadletter import DROPPED
-from service.tools.verify import read_topics
+from service.kafka.reading import read_topics
 from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaService
 from tests.harness.stage import (

@@ -8,13 +8,13 @@ from collections.abc import Callable
 
 import pytest
 
+from service.contract.letters import Letter, parse
 from service.contract.processing import OutputRefusedError, Produced, Result, process, refused
 from service.contract.records import Output, Record, Transform
 from service.kafka.cluster import UnknownTopicError
 from service.tools.audit.ledger import PartitionLedger
 from service.tools.audit.report import AuditReport
 from service.tools.audit.run import _Audit
-from service.tools.redrive.letters import Letter, parse
 from service.tools.redrive.run import _marked
 
 INPUT = Record("in", 0, 0, 1000, b"k", b"v")

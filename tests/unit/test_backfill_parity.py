@@ -6,11 +6,11 @@ from collections.abc import Iterable
 
 from service.backfill.parity import Output, Reconciled, compare, within_slices
 from service.backfill.plan import Slice
+from service.contract.letters import parse
 from service.contract.lineage import REDRIVEN
 from service.contract.processing import Produced, process
 from service.contract.records import Output as Emit
 from service.contract.records import Record, Transform
-from service.tools.redrive.letters import parse
 from service.tools.redrive.run import _marked
 
 

@@ -11,10 +11,10 @@ import pytest
 
 from service.backfill import main, parity
 from service.backfill.parity import Output, compare
+from service.contract.letters import parse
 from service.contract.processing import OutputRefusedError, process, refused
 from service.contract.records import Output as Emit
 from service.contract.records import Record
-from service.tools.redrive.letters import parse
 from service.tools.redrive.run import _marked
 
 ORDER = Record("orders", 0, 17, 1000, b"k", b"v")

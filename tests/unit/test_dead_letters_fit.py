@@ -11,12 +11,12 @@ from confluent_kafka import KafkaError, KafkaException
 
 from service import Record
 from service.contract.deadletter import DROPPED, dropped_parts
+from service.contract.letters import parse
 from service.contract.processing import FRAMING_BYTES, OutputRefusedError, process, refused, size_of
 from service.contract.records import Output
 from service.errors import AbortableError, FatalError, Where
 from service.examples.square import square
 from service.kafka.errors import translate
-from service.tools.redrive.letters import parse
 from service.tools.verify import _same
 
 LIMIT = 1_000_000

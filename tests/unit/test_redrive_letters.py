@@ -3,9 +3,9 @@ stage wrote (its own code builds them here), and what is not a letter."""
 
 from __future__ import annotations
 
+from service.contract.letters import Letter, parse
 from service.contract.processing import OutputRefusedError, Produced, refused
 from service.contract.records import Record
-from service.tools.redrive.letters import Letter, parse
 from service.tools.redrive.run import _marked
 
 

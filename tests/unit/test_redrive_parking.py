@@ -13,13 +13,14 @@ from typing import cast
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from service.contract import letters
 from service.contract.processing import Produced
 from service.contract.records import Output, Record
 from service.exit_codes import ExitCode
 from service.kafka.cluster import UnknownTopicError
 from service.kafka.producer import PinnedProducer
 from service.tools.common import run_tool
-from service.tools.redrive import cli, letters, run
+from service.tools.redrive import cli, run
 from service.tools.redrive.run import RedriveReport, _Writer
 from tests.unit.test_redrive_writer import MARKS, RefusingProducer, copy
 

@@ -7,11 +7,11 @@ from typing import cast
 
 from confluent_kafka import KafkaError
 
+from service.contract import letters
 from service.contract.processing import Produced
 from service.contract.records import Output, Record
 from service.errors import AbortableError, Failure, Where
 from service.kafka.producer import PinnedProducer
-from service.tools.redrive import letters
 from service.tools.redrive.run import RedriveReport, _Writer
 
 MARKS = "p.redrive.progress"

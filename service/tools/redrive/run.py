@@ -32,6 +32,7 @@ from typing import Any, cast
 from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient
 
+from service.contract.letters import ATTEMPT, PARKED, REDRIVEN, Letter, parse
 from service.contract.processing import OutputRefusedError, Produced, Result, process, refused
 from service.contract.records import Transform
 from service.errors import AbortableError, DeniedError
@@ -40,7 +41,7 @@ from service.kafka.cluster import UnknownTopicError
 from service.kafka.producer import PinnedProducer
 from service.kafka.reading import EARLIEST, LATEST
 from service.kafka.topics import create_topic
-from service.tools.redrive.letters import ATTEMPT, PARKED, REDRIVEN, Filter, Letter, parse
+from service.tools.redrive.letters import Filter
 
 _ATTEMPTS = 3  # commits of one batch, each after a refusal
 MAX_ATTEMPTS = 3  # --max-attempts: the attempt at which a letter that fails is parked
