@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
@@ -100,6 +101,16 @@ PARTITIONS = 8
 # is the client's) and "consumer" (KIP-848: the broker assigns, and the session
 # time-out is the broker's group.consumer.session.timeout.ms or the group's config).
 GROUP_PROTOCOLS = ("classic", "consumer")
+
+
+def one_protocol(protocol: str, fixture: str = "stage") -> pytest.MarkDecorator:
+    """Run a test under one group protocol instead of both: for a test whose fault is
+    on the producer's or the broker's side, where the group protocol changes nothing
+    it checks (the rebalance, fencing and shutdown tests still run under both). Each
+    such test names the protocol it runs, so both stay covered; it keeps make test
+    within its time."""
+    assert protocol in GROUP_PROTOCOLS, protocol
+    return pytest.mark.parametrize(fixture, [protocol], indirect=True)
 
 
 def long_transactions(delay_ms: int, commit_interval_ms: int) -> dict[str, str]:

@@ -4,7 +4,7 @@ The round trips are checked against the real stage's outputs by lineage: the JSO
 enrichment transform must give the stream's bytes from Kafka → Parquet and from the
 "lake" (the input topic dumped to Parquet) → Kafka.
 
-Takes ≈ 57 s (2 cores; make test, 2026-11-27).
+Takes ≈ 55 s (2 cores; make test, 2026-11-28).
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ import pytest
 from service import Record
 from service.backfill import main, parity
 from service.examples.square import square
-from service.tools.verify import expected_outputs, read_topics
+from service.kafka.reading import read_topics
+from service.tools.verify import expected_outputs
 from tests.harness.spark import (  # noqa: F401  (fixtures)
     REPO_ROOT,
     Backfill,
     backfill_fixture,
     spark_fixture,
 )
-from tests.harness.stage import PARTITIONS, StageSetup, produce_inputs
+from tests.harness.stage import PARTITIONS, StageSetup, one_protocol, produce_inputs
 from tests.integration.test_backfill_kafka import run_stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("spark")]
@@ -66,6 +67,7 @@ def document(i: int) -> bytes:
 
 
 @pytest.mark.kafka
+@one_protocol("consumer")
 def test_enrich_gives_the_streams_bytes_kafka_to_parquet_and_parquet_to_kafka(
         stage: StageSetup, new_topic: NewTopic, backfill: Backfill, tmp_path: Path) -> None:
     enrich = "service.examples.enrich:enrich"

@@ -4,7 +4,7 @@ Every check is by lineage (service.backfill.parity): the backfill's outputs agai
 real stage's outputs for the same input (renamed topics aside), or against what the
 transform makes of the input read back read_committed.
 
-Takes ≈ 180 s (2 cores; make test, 2026-11-27).
+Takes ≈ 160 s (2 cores; make test, 2026-11-28).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from service.backfill.specs import parse_sink, parse_source
 from service.contract.deadletter import ERROR_CLASS
 from service.errors import FencedError
 from service.examples.square import square
+from service.kafka.reading import read_topics
 from service.local_kafka.cluster import KafkaCluster
 from service.settings import environment
-from service.tools.verify import expected_outputs, read_topics
+from service.tools.verify import expected_outputs
 from tests.harness.admin import create_topic, partition_leaders
 from tests.harness.backfill_faults import CRASH_AT, DIES_AT, REFUSING_TOPIC, SLOW_DIES_AT
 from tests.harness.operator_tools import tool
@@ -40,7 +41,14 @@ from tests.harness.spark import (  # noqa: F401  (fixtures)
     backfill_fixture,
     spark_fixture,
 )
-from tests.harness.stage import PARTITIONS, StageSetup, all_committed, produce_inputs, wait_for
+from tests.harness.stage import (
+    PARTITIONS,
+    StageSetup,
+    all_committed,
+    one_protocol,
+    produce_inputs,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.usefixtures("spark")]
 
@@ -112,6 +120,7 @@ def test_backfill_equals_the_stream_record_for_record_and_reruns_write_nothing(
     "keyless_to_compacted_at_42",
     "keyless_at_42_dying_at_150",  # and the task's first attempt dies between the refusals
 ])
+@one_protocol("classic")
 def test_a_record_whose_output_the_broker_refuses_is_dead_lettered_as_the_stream_does(
         backfill_transform: str, stage: StageSetup, new_topic: NewTopic,
         backfill: Backfill) -> None:
