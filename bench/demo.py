@@ -33,8 +33,10 @@ from bench.common import (
     port_taken,
     stage_env,
 )
+from bench.keyboard import ctrl_c_as_a_key
 from service.examples.square import square
-from service.tools.verify import HangingTransactionError, Report, verify
+from service.kafka.reading import HangingTransactionError
+from service.tools.verify import Report, verify
 from tests.harness.replica import Replica
 
 BOOTSTRAP = "127.0.0.1:9092"
@@ -407,11 +409,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     stop = threading.Event()
     install_signals(stop)
-    try:
-        return run(args, stop)
-    except KeyboardInterrupt:
-        print("interrupted twice: replicas stopped, nothing verified", file=sys.stderr)
-        return 130
+    with ctrl_c_as_a_key(sys.stdin.fileno()):
+        try:
+            return run(args, stop)
+        except KeyboardInterrupt:
+            print("interrupted twice: replicas stopped, nothing verified", file=sys.stderr)
+            return 130
 
 
 if __name__ == "__main__":
