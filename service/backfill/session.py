@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -21,6 +22,8 @@ from service.errors import ConfigError
 log = logging.getLogger("txstage.backfill")
 
 DEFAULT_MASTER = "local[*,4]"  # local mode retries a failed task only with the ",4"
+LOG4J2 = Path(__file__).with_name("spark-log4j2.properties")
+_DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 
 @contextlib.contextmanager
@@ -58,11 +61,21 @@ def _start(app_name: str, master: str, conf: Mapping[str, str]) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.ui.showConsoleProgress", "false"))
-    for key, value in conf.items():
+    for key, value in driver_log_conf(conf).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(os.environ.get("TXSTAGE_SPARK_LOG_LEVEL", "WARN"))
     return session
+
+
+def driver_log_conf(conf: Mapping[str, str]) -> dict[str, str]:
+    """``conf`` with the driver's log4j2 configuration set to txstage's quiet one,
+    unless the operator's Java options name one already."""
+    options = conf.get(_DRIVER_JAVA_OPTIONS, "")
+    if "log4j2.configurationFile" in options:
+        return dict(conf)
+    ours = f"-Dlog4j2.configurationFile=file:{LOG4J2}"
+    return {**conf, _DRIVER_JAVA_OPTIONS: f"{options} {ours}".strip()}
 
 
 def check_no_speculation(session: SparkSession) -> None:

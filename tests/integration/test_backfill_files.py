@@ -4,7 +4,7 @@ The round trips are checked against the real stage's outputs by lineage: the JSO
 enrichment transform must give the stream's bytes from Kafka → Parquet and from the
 "lake" (the input topic dumped to Parquet) → Kafka.
 
-Takes ≈ 55 s (2 cores; make test, 2026-11-28).
+Takes ≈ 70 s (2 cores; make test, 2026-11-28).
 """
 
 from __future__ import annotations
@@ -183,3 +183,23 @@ def test_spark_submit_runs_the_entry_file(tmp_path: Path) -> None:
     # latin-1 text round-trips every byte except through UTF-8: the binary value differs.
     report = parity.compare(expected(records), parity.from_parquet(str(tmp_path / "out")))
     assert [key for key, _ in report.different] == [("events/1/106", 0)]
+
+
+def test_a_backfill_started_from_the_cli_prints_no_spark_boilerplate(tmp_path: Path) -> None:
+    """Spark's default log profile printed five lines of start-up boilerplate before
+    every backfill (issue 31); txstage's own profile keeps warnings and errors only."""
+    records = jsonl_records()
+    write_jsonl(tmp_path / "in.jsonl", records, lambda b: b.decode("latin-1"))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TXSTAGE_")},
+           "TXSTAGE_TRANSFORM": "service.examples.square:square",
+           "TXSTAGE_OUTPUT_TOPIC": "squares", "TXSTAGE_DLQ_TOPIC": "dead"}
+    result = subprocess.run(
+        [sys.executable, "-m", "service", "backfill", "--master", "local[2]",
+         "--source", f"jsonl://{tmp_path}/in.jsonl", "--sink", f"parquet://{tmp_path}/out",
+         "--progress-interval", "0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "complete: parquet:" in result.stdout
+    for boilerplate in ("Using Spark's default log4j profile", "Setting default log level",
+                        "To adjust logging level", "NativeCodeLoader"):
+        assert boilerplate not in result.stderr, result.stderr
