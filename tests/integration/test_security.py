@@ -287,3 +287,20 @@ def test_backfill_is_exactly_once_over_sasl_ssl_with_only_its_documented_acls(
                      expected_outputs(inputs, square, default_topic=out, dlq_topic=dlq))
     assert report.ok, report.problems()
     assert report.expected == report.found == RECORDS
+
+
+def test_topics_create_without_the_create_permission_exits_2_naming_it(
+        secured_stage: SecuredStage, unique_name: Callable[[str], str]) -> None:
+    # The stage's documented ACLs hold no CREATE: `txstage topics create` with them, for
+    # topics that do not exist yet, must say which permission is missing, not fail later.
+    wanted = {"TXSTAGE_INPUT_TOPICS": unique_name("new-in"),
+              "TXSTAGE_OUTPUT_TOPIC": unique_name("new-out"),
+              "TXSTAGE_DLQ_TOPIC": unique_name("new-dlq")}
+    env = {**os.environ, **secured_stage.setup.env, **wanted}
+    result = subprocess.run([sys.executable, "-m", "service", "topics", "create"],
+                            cwd=stage_tree(), env=env, capture_output=True, text=True,
+                            timeout=150, check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"CREATE on topic `{wanted['TXSTAGE_INPUT_TOPICS']}`" in result.stderr, result.stderr
+    listed = secured_stage.admin().list_topics(timeout=30).topics
+    assert not set(wanted.values()) & set(listed), "nothing may have been created"
