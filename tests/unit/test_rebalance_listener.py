@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import pytest
 from confluent_kafka import TopicPartition
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
@@ -50,20 +51,17 @@ def _stop(listener: RebalanceListener, *, dirty: bool) -> list[dict[str, Any]]:
     return [entry for entry in logs if entry["log_level"] != "debug"]
 
 
-def test_a_clean_stop_is_one_released_line_and_no_rebalance() -> None:
+@pytest.mark.parametrize(("dirty", "outcome", "kind"), [
+    (False, "committed", "revoked"),  # a clean stop
+    (True, "aborted", "lost"),        # a failing stop: released as aborted, not lost
+], ids=["clean", "failing"])
+def test_a_stop_is_one_released_line_and_no_rebalance(dirty: bool, outcome: str,
+                                                       kind: str) -> None:
     listener, loop, registry = _listener()
-    logs = _stop(listener, dirty=False)
-    assert [(e["event"], e["outcome"]) for e in logs] == [("partitions.released", "committed")]
-    assert loop.released == [([("in", 0), ("in", 1)], False, "shutdown")]
-    assert _rebalances(registry, "revoked") == 0
-
-
-def test_a_failing_stop_is_released_as_aborted_not_lost() -> None:
-    listener, loop, registry = _listener()
-    logs = _stop(listener, dirty=True)
-    assert [(e["event"], e["outcome"]) for e in logs] == [("partitions.released", "aborted")]
-    assert loop.released == [([("in", 0), ("in", 1)], True, "shutdown")]
-    assert _rebalances(registry, "lost") == 0
+    logs = _stop(listener, dirty=dirty)
+    assert [(e["event"], e["outcome"]) for e in logs] == [("partitions.released", outcome)]
+    assert loop.released == [([("in", 0), ("in", 1)], dirty, "shutdown")]
+    assert _rebalances(registry, kind) == 0
 
 
 def test_a_rebalance_revoke_is_logged_and_counted() -> None:
