@@ -220,6 +220,30 @@ class Metrics:
         for record in ("first", "last"):
             self.end_to_end_seconds.labels(record=record)
 
+    # What a commit, an abort and a fence count, wherever the stage learns of one (a
+    # state-machine report, a release's own commit, an at-least-once offset commit).
+
+    def count_commit(self, seconds: float | None = None, records: int | None = None) -> None:
+        """A commit Kafka confirmed: ``seconds`` it took, ``records`` of input it held
+        (either unknown: not observed)."""
+        if seconds is not None:
+            self.commit_seconds.observe(seconds)
+        if records is not None:
+            self.records_per_transaction.observe(records)
+        self.committed.inc()
+        self.last_commit.set_to_current_time()
+
+    def count_abort(self, reason: str) -> None:
+        self.aborted.labels(reason=reason).inc()
+
+    def count_fence(self, *, open_transaction: bool, timed_out: bool = False) -> None:
+        """A fenced producer; the transaction it had open (if any) was aborted by the
+        coordinator: ``timed_out`` (it ran past transaction.timeout.ms) or by a newer
+        owner's init_transactions."""
+        self.producers_fenced.inc()
+        if open_transaction:
+            self.count_abort("timed_out" if timed_out else "fenced")
+
     def describe_build(self, guarantee: str, group_id: str) -> None:
         self.info.info({"version": __version__, "guarantee": guarantee, "group_id": group_id,
                         "librdkafka": confluent_kafka.libversion()[0]})

@@ -29,29 +29,26 @@ class Reports(LoopState):
                  "transactional_id": self.committer.transactional_id(partition.key)}
         match action:
             case sm.Committed(txn, seconds):
-                if seconds >= 0:  # at-least-once seals a window: its offsets commit
-                    self.metrics.commit_seconds.observe(seconds)  # later, counted then
+                if seconds >= 0:
                     self._end_to_end(txn)
-                    self.metrics.committed.inc()
-                    self.metrics.last_commit.set_to_current_time()
-                self.metrics.records_per_transaction.observe(txn.records)
+                    self.metrics.count_commit(seconds, txn.records)
+                else:  # at-least-once sealed a window: its offsets commit later, counted then
+                    self.metrics.records_per_transaction.observe(txn.records)
                 # The commit trail (debug: one line per transaction) for tracing a
                 # partition's committed offsets after the fact, as a soak needs.
                 log.debug("transaction.committed", **where, first_offset=txn.first,
                           next_offset=txn.next, records=txn.records)
             case sm.Aborted("poison", _, attempt, cause):
-                self.metrics.aborted.labels(reason="poison").inc()
+                self.metrics.count_abort("poison")
                 log.error("record.poison", **where, attempt=attempt,
                           max_attempts=self.policy.max_record_attempts, error=cause)
             case sm.Aborted(reason, txn, streak, cause):
-                self.metrics.aborted.labels(reason=reason).inc()
+                self.metrics.count_abort(reason)
                 log.warning("transaction.aborted", **where, reason=reason, streak=streak,
                             first_offset=txn.first if txn else None,
                             last_offset=txn.last if txn else None, error=cause)
             case sm.Fenced(txn, timed_out, cause):
-                self.metrics.producers_fenced.inc()
-                if txn is not None:
-                    self.metrics.aborted.labels(reason="timed_out" if timed_out else "fenced").inc()
+                self.metrics.count_fence(open_transaction=txn is not None, timed_out=timed_out)
                 log.warning("producer.fenced", **where, timed_out=timed_out, error=cause)
                 self.report_partitions()
             case sm.Isolating(first, until):
@@ -74,9 +71,7 @@ class Reports(LoopState):
         fence, which the operator must see.)"""
         error = getattr(event, "error", None)
         if isinstance(error, FencedError):
-            self.metrics.producers_fenced.inc()
-            if isinstance(event, sm.CommitFailed):
-                self.metrics.aborted.labels(reason="fenced").inc()
+            self.metrics.count_fence(open_transaction=isinstance(event, sm.CommitFailed))
             log.warning("producer.fenced", topic=partition.topic, partition=partition.partition,
                         transactional_id=self.committer.transactional_id(partition.key),
                         on="abandoned", error=str(error))

@@ -215,8 +215,7 @@ class AtLeastOnce:
         A commit counts (transactions committed, the last commit's time) once Kafka
         said so here, not when a window was sealed nor when the commit was sent."""
         if error is None and any(tp.error is None for tp in partitions):
-            self._metrics.committed.inc()
-            self._metrics.last_commit.set_to_current_time()
+            self._metrics.count_commit()
         for tp in partitions:
             if error is None and tp.error is None:
                 continue

@@ -195,10 +195,7 @@ class ExactlyOnce:
             except KafkaOperationError as exc:
                 log.warning("transaction.commit_failed", transactional_id=tid, error=str(exc))
             else:
-                self._metrics.commit_seconds.observe(time.monotonic() - started)
-                self._metrics.committed.inc()
-                self._metrics.records_per_transaction.observe(txn.records)
-                self._metrics.last_commit.set_to_current_time()
+                self._metrics.count_commit(time.monotonic() - started, txn.records)
                 log.info("transaction.committed_on_release", transactional_id=tid,
                          next_offset=txn.next, records=txn.records)
                 return
@@ -210,16 +207,14 @@ class ExactlyOnce:
         except KafkaOperationError as exc:  # closing anyway: the next owner's init aborts it
             log.warning("transaction.abort_failed", transactional_id=tid, error=str(exc))
             return
-        self._metrics.aborted.labels(reason=reason).inc()
+        self._metrics.count_abort(reason)
         log.info("transaction.aborted", transactional_id=tid, reason=reason)
 
     def _fenced_on_release(self, tid: str, txn: Txn | None, exc: FencedError) -> None:
         """A fence found while giving a partition up counts like one found in flight
         (a paused replica often learns of its successor this way): the successor's
         init_transactions aborted what was open."""
-        self._metrics.producers_fenced.inc()
-        if txn is not None:
-            self._metrics.aborted.labels(reason="fenced").inc()
+        self._metrics.count_fence(open_transaction=txn is not None)
         log.warning("producer.fenced", transactional_id=tid, on="release", error=str(exc))
 
     def detach(self, key: TopicPartitionKey) -> Job:
