@@ -9,7 +9,7 @@ must not stall the others. ``TXSTAGE_TEST_STAGE_TREE=/path/to/other/tree`` runs 
 replicas from another source tree (see tests/harness/stage.py), which is how it
 was shown to fail on the stage before the rebuild.
 
-Takes ≈ 230 s (2 cores; make test, 2026-11-27).
+Takes ≈ 150 s (2 cores; make test, 2026-11-28).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from tests.harness.stage import (
     Replica,
     StageSetup,
     build_stage,
+    one_protocol,
     produce_inputs,
     wait_for,
 )
@@ -308,6 +309,7 @@ def proxied_stage(request: pytest.FixtureRequest, proxied_kafka: ProxiedKafka,
     print(proxied_kafka.proxy.describe())
 
 
+@one_protocol("consumer", "proxied_stage")  # the held EndTxn is the producer's
 def test_c_a_slow_abort_of_one_partition_stalls_no_other_partition(
         proxied_stage: StageSetup, proxied_kafka: ProxiedKafka, unique_name: UniqueName,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -386,6 +388,7 @@ def test_c_a_slow_abort_of_one_partition_stalls_no_other_partition(
 # --------------------------- (d) the stage itself sees a late EndTxn and lost Produces
 
 
+@one_protocol("classic", "proxied_stage")  # both faults are the producer's
 def test_d_the_stage_sees_delayed_end_txn_responses_and_dropped_produce_connections(
         proxied_stage: StageSetup, proxied_kafka: ProxiedKafka) -> None:
     # Tests (a) and (b) show the faults reach a bare client; this one shows they reach
