@@ -15,14 +15,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.kafka.reading import OffsetReader
 from service.local_kafka.node import free_ports, port_open
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -281,68 +280,14 @@ def partitions_of(bootstrap: str, topic: str, timeout: float = 15.0) -> list[Top
     return [(topic, p) for p in sorted(metadata.topics[topic].partitions)]
 
 
-class OffsetProbe:
-    """Cheap repeated offset queries with long-lived clients: one ListOffsets request for
-    all partitions' end offsets, one OffsetFetch for a group's committed offsets.
-
-    Committed offsets are read without RequireStable: a transaction's offsets count
-    once it has committed, and the probe never waits for one in flight.
-    """
-
-    def __init__(self, bootstrap: str, group_id: str | None = None) -> None:
-        self._admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": _QUIET})
-        self._consumer: Consumer | None = None
-        if group_id is not None:
-            self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id,
-                                       "enable.auto.commit": False,
-                                       "isolation.level": "read_uncommitted"})
-
-    def end_offsets(self, keys: Iterable[TopicPartitionKey], *, committed_only: bool = False,
-                    timeout: float = 10.0) -> dict[TopicPartitionKey, int]:
-        """High watermarks (or last stable offsets with ``committed_only``)."""
-        level = IsolationLevel.READ_COMMITTED if committed_only \
-            else IsolationLevel.READ_UNCOMMITTED
-        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        request = {TopicPartition(t, p): latest for t, p in keys}
-        deadline = time.monotonic() + timeout
-        while True:
-            futures = self._admin.list_offsets(request, isolation_level=level,
-                                               request_timeout=timeout)
-            try:
-                return {(tp.topic, tp.partition): int(f.result().offset)
-                        for tp, f in futures.items()}
-            except KafkaException as exc:  # a new topic's leaders are still moving in
-                if not _transient(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-
-    def committed(self, keys: Iterable[TopicPartitionKey],
-                  timeout: float = 10.0) -> dict[TopicPartitionKey, int]:
-        """The group's committed offsets (negative when none)."""
-        assert self._consumer is not None, "no group given"
-        tps = [TopicPartition(t, p) for t, p in keys]
-        return {(tp.topic, tp.partition): int(tp.offset)
-                for tp in self._consumer.committed(tps, timeout=timeout)}
-
-    def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-
-    def __enter__(self) -> OffsetProbe:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
+def offset_probe(bootstrap: str, group_id: str | None = None) -> OffsetReader:
+    """Cheap repeated offset queries through long-lived clients (service.kafka.reading's
+    OffsetReader): ``end_offsets`` are high watermarks; ``committed`` offsets are read
+    without RequireStable, so the probe never waits for a transaction in flight."""
+    return OffsetReader({"bootstrap.servers": bootstrap, "log_level": _QUIET}, group_id,
+                        stable=False)
 
 
-_TRANSIENT = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-              KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
-
-
-def _transient(exc: KafkaException) -> bool:
-    error = exc.args[0] if exc.args else None
-    return isinstance(error, KafkaError) and (error.retriable() or error.code() in _TRANSIENT)
 
 
 def behind(ends: Mapping[TopicPartitionKey, int],

@@ -24,11 +24,11 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from bench.common import (
     REPO_ROOT,
-    OffsetProbe,
     behind,
     ensure_topics,
     histogram,
     metric_value,
+    offset_probe,
     partitions_of,
     port_taken,
     stage_env,
@@ -110,7 +110,7 @@ class Reader(threading.Thread):
                                    "isolation.level": "read_committed",
                                    "enable.auto.commit": False})
         keys = [key for topic in (OUTPUT, DLQ) for key in partitions_of(BOOTSTRAP, topic)]
-        with OffsetProbe(BOOTSTRAP) as probe:
+        with offset_probe(BOOTSTRAP) as probe:
             ends = probe.end_offsets(keys)
         self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in ends.items()])
 
@@ -229,7 +229,7 @@ class Watch:
                  replicas: list[Replica]) -> None:
         self.generator, self.reader, self.replicas = generator, reader, replicas
         self.began = time.monotonic()
-        self.probe = OffsetProbe(BOOTSTRAP, GROUP)
+        self.probe = offset_probe(BOOTSTRAP, GROUP)
         self.keys = partitions_of(BOOTSTRAP, INPUT)
 
     def backlog(self) -> int | None:

@@ -43,7 +43,6 @@ from bench.common import (
     BROKER_THREAD_GROUPS,
     REPO_ROOT,
     THREAD_GROUPS,
-    OffsetProbe,
     ProcStatus,
     TopicPartitionKey,
     behind,
@@ -56,6 +55,7 @@ from bench.common import (
     listening_pids,
     log_batches,
     metric_value,
+    offset_probe,
     partitions_of,
     proc_status,
     stage_env,
@@ -180,7 +180,7 @@ def workload(bootstrap: str, run_id: str, log_dir: Path, args: argparse.Namespac
     """A new input topic of ``partitions``, pre-filled as ``args`` say."""
     topic = f"bench-{run_id}-in-{partitions}"
     seconds = prefill(bootstrap, topic, partitions, args.records, args.value_bytes)
-    with OffsetProbe(bootstrap) as probe:
+    with offset_probe(bootstrap) as probe:
         ends = probe.end_offsets(partitions_of(bootstrap, topic))
     if sum(ends.values()) != args.records:
         raise RuntimeError(f"{topic} holds {sum(ends.values())} records, not {args.records}")
@@ -275,7 +275,7 @@ def measure(w: Workload, mode: str, *, argv: Sequence[str] | None = None,
     proc = _process(w, mode, group, output, argv)
     memory: dict[str, ProcStatus | None] = {}
     load = os.getloadavg()[0]
-    with OffsetProbe(w.bootstrap, group) as probe:
+    with offset_probe(w.bootstrap, group) as probe:
         if profile is not None:
             profile.start(f"{mode}{tag}")
         launched = time.monotonic()
@@ -694,7 +694,7 @@ def warm_up(w: Workload, records: int, say: Callable[[str], None]) -> None:
     proc = _process(w, "exactly_once", group, f"{group}-out", None)
     target = min(records, w.records)
     started = time.monotonic()
-    with OffsetProbe(w.bootstrap, group) as probe:
+    with offset_probe(w.bootstrap, group) as probe:
         proc.start()
         try:
             _poll(lambda: sum(max(o, 0) for o in probe.committed(w.ends).values()) >= target,

@@ -109,16 +109,39 @@ def committed(config: Config, group_id: str, wanted: Iterable[Partition], *,
               timeout_s: float = 60.0) -> dict[Partition, int]:
     """The group's committed offsets (stable ones); -1001 where none. A partition whose
     offsets an open transaction holds is asked again (a running exactly-once stage has
-    one open most of the time) until ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
+    one open most of the time) until ``timeout_s``. PermissionError names a group this
+    principal may not describe."""
     _may_describe(config, group_id)
-    consumer = group_reader(config, group_id)
-    found: dict[Partition, int] = {}
-    pending = list(wanted)
-    try:
+    with OffsetReader(config, group_id) as reader:
+        return reader.committed(wanted, timeout_s=timeout_s)
+
+
+class OffsetReader:
+    """Committed and end offsets, asked as often as needed through clients kept open:
+    the one way the tools, the lineage check, the tests and the benchmarks read them.
+
+    Committed offsets come through :func:`group_reader` (never the AdminClient,
+    librdkafka#5040); ``stable`` asks with RequireStable, so an offset an open
+    transaction holds is asked again, never answered stale. End offsets come from one
+    ListOffsets request for all partitions."""
+
+    def __init__(self, config: Config, group_id: str | None = None, *,
+                 stable: bool = True) -> None:
+        self._admin = AdminClient(_with_logger(config))
+        self._group_id = group_id or ""
+        self._consumer = None if group_id is None else group_reader(config, group_id,
+                                                                    stable=stable)
+
+    def committed(self, wanted: Iterable[Partition], *,
+                  timeout_s: float = 60.0) -> dict[Partition, int]:
+        """The group's committed offsets; negative where none."""
+        assert self._consumer is not None, "no group given"
+        deadline = time.monotonic() + timeout_s
+        found: dict[Partition, int] = {}
+        pending = list(wanted)
         while pending:
             unstable = []
-            for key, (offset, error) in _committed(consumer, group_id, pending,
+            for key, (offset, error) in _committed(self._consumer, self._group_id, pending,
                                                    deadline).items():
                 if error is None:
                     found[key] = offset
@@ -126,13 +149,49 @@ def committed(config: Config, group_id: str, wanted: Iterable[Partition], *,
                         time.monotonic() < deadline:
                     unstable.append(key)
                 else:
-                    raise _denied(KafkaException(error), group_id)
+                    raise _denied(KafkaException(error), self._group_id)
             pending = unstable
             if pending:
                 time.sleep(_UNSTABLE_RETRY_S)
-    finally:
-        consumer.close()
-    return found
+        return found
+
+    def end_offsets(self, wanted: Iterable[Partition], *, stable: bool = False,
+                    timeout_s: float = 10.0) -> dict[Partition, int]:
+        """High watermarks, or with ``stable`` the last stable offsets. A partition
+        whose leader is still moving in (a new topic, a restarted broker) is asked
+        again until ``timeout_s``."""
+        request = {TopicPartition(t, p): LATEST for t, p in wanted}
+        if not request:
+            return {}
+        isolation = IsolationLevel.READ_COMMITTED if stable else IsolationLevel.READ_UNCOMMITTED
+        deadline = time.monotonic() + timeout_s
+        while True:
+            futures = self._admin.list_offsets(request, isolation_level=isolation,
+                                               request_timeout=timeout_s)
+            try:
+                return {(tp.topic, tp.partition): int(f.result(timeout_s + 5).offset)
+                        for tp, f in futures.items()}
+            except KafkaException as exc:
+                error = kafka_error(exc)
+                moving = error is not None and (error.retriable() or error.code() in _MOVING)
+                if not moving or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+
+    def __enter__(self) -> OffsetReader:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+# ListOffsets answers while a partition's leader is still being chosen or reached.
+_MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+           KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
 
 
 def _may_describe(config: Config, group_id: str) -> None:

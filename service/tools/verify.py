@@ -23,41 +23,27 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer
-
 from service.contract import lineage
 from service.contract.deadletter import dropped_parts
 from service.contract.processing import Produced, process
 from service.contract.records import Record, Transform
-
-# verify() raises it (V5). Only for bench/demo.py, which still imports it from here:
-# drop once it imports service.kafka.reading's.
-from service.kafka.reading import read_topics, topic_partitions
-from service.observability.logs import librdkafka_logger
+from service.kafka.reading import OffsetReader, partitions, read_topics
 
 Key = tuple[str, int]  # (txstage.src, txstage.idx)
 
 
 def committed_offsets(bootstrap: str, group_id: str, topics: Iterable[str]) -> dict[Key, int]:
     """The group's committed offset per input partition (-1001 when none)."""
-    consumer = Consumer({"logger": librdkafka_logger("verify"),
-                         "bootstrap.servers": bootstrap, "group.id": group_id,
-                         "enable.auto.commit": False})
-    try:
-        tps = topic_partitions(consumer, topics)
-        return {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(tps, timeout=15)}
-    finally:
-        consumer.close()
+    config = {"bootstrap.servers": bootstrap}
+    with OffsetReader(config, group_id) as reader:
+        return reader.committed(partitions(config, topics), timeout_s=15)
 
 
 def end_offsets(bootstrap: str, topics: Iterable[str]) -> dict[Key, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "txstage-verify-ends",
-                         "logger": librdkafka_logger("verify")})
-    try:
-        return {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=10)[1]
-                for tp in topic_partitions(consumer, topics)}
-    finally:
-        consumer.close()
+    """Each partition's high watermark."""
+    config = {"bootstrap.servers": bootstrap}
+    with OffsetReader(config) as reader:
+        return reader.end_offsets(partitions(config, topics))
 
 
 @dataclass

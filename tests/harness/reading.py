@@ -21,7 +21,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._listoffsets import OffsetSpec
+
+from service.kafka.reading import EARLIEST, OffsetReader, list_offsets
 
 __all__ = [
     "Isolation",
@@ -108,31 +109,19 @@ def end_offsets(
 ) -> dict[int, int]:
     """partition -> end offset: the last stable offset (LSO) for ``read_committed``, the
     high watermark for ``read_uncommitted``. An open transaction holds the LSO back."""
-    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-    return _list_offsets(bootstrap, topic, latest, isolation, timeout)
+    wanted = [(topic, p) for p in partitions_of(bootstrap, topic, timeout=timeout)]
+    with OffsetReader({"bootstrap.servers": bootstrap}) as reader:
+        found = reader.end_offsets(wanted, stable=isolation == "read_committed",
+                                   timeout_s=timeout)
+    return {partition: offset for (_, partition), offset in found.items()}
 
 
 def start_offsets(bootstrap: str, topic: str, *, timeout: float = 10.0) -> dict[int, int]:
     """partition -> log start offset (the first offset still readable)."""
-    earliest = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
-    return _list_offsets(bootstrap, topic, earliest, "read_uncommitted", timeout)
-
-
-def _list_offsets(
-    bootstrap: str, topic: str, spec: OffsetSpec, isolation: Isolation, timeout: float
-) -> dict[int, int]:
-    level = (
-        IsolationLevel.READ_COMMITTED
-        if isolation == "read_committed"
-        else IsolationLevel.READ_UNCOMMITTED
-    )
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    request = {
-        TopicPartition(topic, partition): spec
-        for partition in partitions_of(bootstrap, topic, timeout=timeout)
-    }
-    futures = admin.list_offsets(request, isolation_level=level, request_timeout=timeout)
-    return {tp.partition: future.result().offset for tp, future in futures.items()}
+    wanted = [(topic, p) for p in partitions_of(bootstrap, topic, timeout=timeout)]
+    found = list_offsets({"bootstrap.servers": bootstrap}, wanted, EARLIEST,
+                         IsolationLevel.READ_UNCOMMITTED)
+    return {partition: offset for (_, partition), offset in found.items()}
 
 
 def committed_offsets(
@@ -147,24 +136,13 @@ def committed_offsets(
     committed are absent.
 
     With ``require_stable`` (the default) offsets sent in a still-open transaction make
-    the broker answer UNSTABLE_OFFSET_COMMIT, which librdkafka retries until the
-    transaction ends or ``timeout`` passes (then :class:`KafkaException`).
+    the broker answer UNSTABLE_OFFSET_COMMIT, asked again until the transaction ends or
+    ``timeout`` passes (then :class:`KafkaException`).
     """
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "enable.auto.commit": False,
-            # librdkafka sets RequireStable on OffsetFetch for read_committed consumers.
-            "isolation.level": "read_committed" if require_stable else "read_uncommitted",
-        }
-    )
-    try:
-        partitions = partitions_of(bootstrap, topic, timeout=timeout)
-        found = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout)
-    finally:
-        consumer.close()
-    return {tp.partition: tp.offset for tp in found if tp.offset >= 0}
+    wanted = [(topic, p) for p in partitions_of(bootstrap, topic, timeout=timeout)]
+    with OffsetReader({"bootstrap.servers": bootstrap}, group, stable=require_stable) as reader:
+        found = reader.committed(wanted, timeout_s=timeout)
+    return {partition: offset for (_, partition), offset in found.items() if offset >= 0}
 
 
 def read_topic(
