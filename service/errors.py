@@ -5,6 +5,7 @@ them in one place, :mod:`service.kafka.errors`).
     ├── ConfigError           bad settings or transform; the CLI exits 2
     ├── PoisonRecordError     a record the transform cannot turn into outputs
     ├── TopicLimitPending     an output topic's limits are being looked up: retry later
+    │                         (service.contract.processing: it carries the outputs)
     └── KafkaOperationError   a librdkafka call failed; carries op, partition, code
         ├── RetriableError    retry the same call (a commit time-out is one: never abort)
         ├── AbortableError    abort the transaction, rewind to its first offset
@@ -17,12 +18,9 @@ them in one place, :mod:`service.kafka.errors`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from service import error_codes as codes
-
-if TYPE_CHECKING:
-    from service.contract.records import Output
 
 
 class KafkaErrorLike(Protocol):
@@ -53,18 +51,6 @@ class PoisonRecordError(TxstageError):
         super().__init__(
             f"poison record {topic}/{partition}@{offset}: {type(cause).__name__}: {cause}"
         )
-
-
-class TopicLimitPending(TxstageError):
-    """An output goes to a topic whose size limit is not known yet. The stage looks
-    it up beside the loop and processes the record again afterwards, from
-    ``outputs`` (what the transform yielded for it, set by ``processing.process``)
-    rather than calling the transform a second time."""
-
-    def __init__(self, topic: str) -> None:
-        self.topic = topic
-        self.outputs: list[Output] | None = None
-        super().__init__(f"the limits of topic {topic!r} are being looked up")
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,12 +12,24 @@ from typing import NamedTuple, cast
 from service.contract import lineage
 from service.contract.deadletter import dead_letter
 from service.contract.records import Output, Record, Transform
-from service.errors import KafkaOperationError, PoisonRecordError, TopicLimitPending
+from service.errors import KafkaOperationError, PoisonRecordError, TxstageError
 
 # Record batch + record framing the broker counts against max.message.bytes on
 # top of key, value and headers; generous so a borderline record is refused here,
 # where it can be dead-lettered, rather than by the broker, which would abort.
 FRAMING_BYTES = 512
+
+
+class TopicLimitPending(TxstageError):
+    """An output goes to a topic whose size limit is not known yet. The stage looks
+    it up beside the loop and processes the record again afterwards, from
+    ``outputs`` (what the transform yielded for it, set by ``processing.process``)
+    rather than calling the transform a second time."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.outputs: list[Output] | None = None
+        super().__init__(f"the limits of topic {topic!r} are being looked up")
 
 
 class OutputTooLargeError(ValueError):

@@ -20,12 +20,12 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
+from service.contract.processing import TopicLimitPending
 from service.error_codes import DENIALS
 from service.errors import (
     DeniedError,
     KafkaOperationError,
     RetriableError,
-    TopicLimitPending,
     Where,
 )
 from service.kafka.config import Config

@@ -15,6 +15,7 @@ from service.contract.processing import (
     OutputRefusedError,
     Processed,
     Result,
+    TopicLimitPending,
     process,
     refused,
     written_before,
@@ -23,7 +24,6 @@ from service.contract.records import Output, Record
 from service.errors import (
     KafkaOperationError,
     PoisonRecordError,
-    TopicLimitPending,
 )
 from service.kafka.messages import to_record
 from service.stage import machine as sm

@@ -15,8 +15,8 @@ from collections import Counter
 from collections.abc import Iterator
 from types import SimpleNamespace
 
+from service.contract.processing import TopicLimitPending
 from service.contract.records import Output, Record
-from service.errors import TopicLimitPending
 from service.stage import machine as sm
 from tests.unit.test_positioning import ScriptedConsumer, batch, make_loop, positioned
 

@@ -99,7 +99,7 @@ def test_a_cluster_failure_looking_up_a_limit_is_never_blamed_on_the_record() ->
 
 
 def test_a_record_waiting_for_a_topic_lookup_keeps_what_the_transform_yielded() -> None:
-    from service.errors import TopicLimitPending
+    from service.contract.processing import TopicLimitPending
 
     runs = []
 
@@ -124,7 +124,7 @@ def test_a_record_waiting_for_a_topic_lookup_keeps_what_the_transform_yielded() 
 
 
 def test_a_failure_after_a_pending_lookup_is_still_the_records() -> None:
-    from service.errors import TopicLimitPending
+    from service.contract.processing import TopicLimitPending
 
     def fails_late(record: Record) -> Iterator[Output]:
         yield Output(value=b"b", topic="side")
@@ -157,7 +157,7 @@ class _Topics:
 def test_output_limits_ask_once_per_topic_and_remember_an_unknown_one() -> None:
     from typing import cast
 
-    from service.errors import TopicLimitPending
+    from service.contract.processing import TopicLimitPending
     from service.kafka.cluster import Cluster, OutputLimits, UnknownTopicError
 
     cluster = _Topics()
