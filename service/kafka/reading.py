@@ -27,9 +27,11 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from service.contract.records import Record
+from service.errors import RetriableError, Where
 from service.kafka.config import FETCH_QUEUE_BACKOFF_MS
 from service.kafka.errors import kafka_error
 from service.kafka.messages import to_record
+from service.kafka.retry import retry_until
 from service.observability.logs import librdkafka_logger
 
 Partition = tuple[str, int]
@@ -164,8 +166,8 @@ class OffsetReader:
         if not request:
             return {}
         isolation = IsolationLevel.READ_COMMITTED if stable else IsolationLevel.READ_UNCOMMITTED
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        def ask() -> dict[Partition, int]:
             futures = self._admin.list_offsets(request, isolation_level=isolation,
                                                request_timeout=timeout_s)
             try:
@@ -173,10 +175,14 @@ class OffsetReader:
                         for tp, f in futures.items()}
             except KafkaException as exc:
                 error = kafka_error(exc)
-                moving = error is not None and (error.retriable() or error.code() in _MOVING)
-                if not moving or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+                if error is not None and (error.retriable() or error.code() in _MOVING):
+                    raise RetriableError(Where("list_offsets"), error) from exc
+                raise
+
+        try:
+            return retry_until(time.monotonic() + timeout_s, ask, pause=0.2)
+        except RetriableError as exc:  # this module's callers get librdkafka's own error
+            raise KafkaException(exc.error) from exc
 
     def close(self) -> None:
         if self._consumer is not None:
