@@ -185,8 +185,8 @@ def _exit_now(stage: Stage, code: ExitCode) -> NoReturn:
 
     A Kafka call still stuck in a job thread must not hold the exit (the interpreter
     would join that thread), and librdkafka's own threads (the admin client's, a
-    stuck producer's) must not meet a finalizing interpreter: a replica was seen
-    exiting with SIGSEGV after ``stage.stopped`` in CI."""
+    stuck producer's) must not meet a finalizing interpreter, or the replica can exit
+    with SIGSEGV after ``stage.stopped`` (docs/operations.md, "Crashes")."""
     if stage.loop.jobs.busy:
         log.warning("stage.exit_with_work_running", exit_code=int(code))
     logging.shutdown()

@@ -6,9 +6,9 @@ open: the consumer has not joined the group, no producer exists, no transaction 
 open. A SIGTERM then (an orchestrator scaling down a replica that is still importing
 on a busy node, or still waiting for its cluster in the start-up checks) needs nothing
 committed and no group left, so the process leaves at once with 0, as a stopped
-replica does, instead of dying by the signal (exit 143, -15 to a parent). Chaos seed
-11 saw that: a replica started right after a broker pause was told to leave 6 s later,
-still in its start-up checks.
+replica does, instead of dying by the signal (exit 143, -15 to a parent); a replica
+started right after a broker pause can be told to leave while still in its start-up
+checks (docs/journal/2026-11-26-seed-11-sigterm-while-starting.md).
 
 Only ``txstage run`` is guarded: a backfill or a local broker stopped by a signal did
 not finish, and says so by the signal. So this looks at the first argument itself,
@@ -38,7 +38,8 @@ def main() -> int:
         signal.signal(signal.SIGINT, _stop)
         # Every thread's stack, as SIGUSR1 gives later, and the replica keeps waiting:
         # SIGUSR1's default action would end it (the test harness sends it to every
-        # live replica when a wait times out; one still in its start-up checks died).
+        # live replica when a wait times out, one still in its start-up checks too:
+        # docs/journal/2026-11-27-seed-11-test-in-ci.md).
         with contextlib.suppress(ValueError, OSError):  # no real stderr
             faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:

@@ -35,7 +35,8 @@ def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) 
     While the cluster answers "not now" (a broker restarting or paused, no broker in
     the metadata yet) the checks are asked again for up to ``wait_s``, each time
     through a new admin client: a replica that starts during a broker restart waits
-    for it instead of exiting (chaos seed 11)."""
+    for it instead of exiting (docs/decisions.md, "A cluster that cannot answer at
+    start-up is asked again")."""
     deadline = time.monotonic() + wait_s
 
     def checks() -> list[str]:

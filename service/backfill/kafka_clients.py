@@ -32,8 +32,8 @@ def progress_consumer(settings: Settings) -> Consumer:
 def range_consumer(settings: Settings) -> Consumer:
     """A progress consumer for a range of input assigned at its first offset. Offsets
     that retention deleted are an error, not a jump: librdkafka's reset to the log start
-    (the stage's ``auto.offset.reset``) read on from there, and the slice was marked
-    done with its head missing."""
+    (the stage's ``auto.offset.reset``) would read on from there, and the slice would be
+    marked done with its head missing (docs/backfill.md, "History must stay")."""
     return Consumer({**consumer_config(settings), "enable.partition.eof": True,
                      "auto.offset.reset": "error", "logger": librdkafka_logger("backfill")})
 

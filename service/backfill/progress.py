@@ -129,8 +129,8 @@ def read_job(
     is the read_uncommitted end of the partition taken after any fencing that matters.
     The read starts at ``low_watermark``, an absolute offset: librdkafka resolves a
     logical OFFSET_BEGINNING with a ListOffsets request that, from a consumer not yet
-    connected, waits for its 500 ms retry (measured: first record after 0.51 s, 0.01 s
-    from an absolute offset).
+    connected, waits for its 500 ms retry: the first record comes after 0.51 s,
+    against 0.01 s from an absolute offset.
     """
     state = JobState()
     for key, value in _records(consumer, topic, low_watermark, high_watermark, timeout_s):

@@ -100,9 +100,10 @@ class Cluster:
     def renew(self) -> None:
         """Ask through a new AdminClient from now on. For a caller that waits out a
         cluster that did not answer: nothing the outage left in the old client's
-        state outlives it. In CI a replica's start-up checks, begun while the only
-        broker was paused, went on failing with "Failed while waiting for controller"
-        for the 80 s after the broker served again (librdkafka 2.16)."""
+        state outlives it. Otherwise a client begun while the only broker is paused
+        can go on failing with "Failed while waiting for controller" for 80 s after
+        the broker serves again (librdkafka 2.16;
+        docs/journal/2026-11-27-seed-11-test-in-ci.md)."""
         self._admin = self._new_admin()
         self._authenticated = False
         self._denial = None
@@ -238,8 +239,8 @@ class Cluster:
             return reader
 
     def _renew_offset_reader(self, group_id: str, stable: bool, stale: Consumer) -> None:
-        """A fresh client after a time-out: after a broker restart, a client was seen
-        timing out every group-offset request while new clients got answers. (The
+        """A fresh client after a time-out: after a broker restart an old client can
+        time out every group-offset request while new clients get answers. (The
         stale one is never closed here: another thread may be inside it. It goes
         when the last call on it returns.)"""
         with self._lock:
@@ -276,8 +277,9 @@ class Cluster:
             self._topic_configs.clear()
 
     def broker_config(self) -> dict[str, str]:
-        """One broker's configuration. Metadata without a broker in it (seen while the
-        only broker was paused: chaos seed 11) is the cluster's "not now"."""
+        """One broker's configuration. Metadata without a broker in it (as while the
+        only broker is paused: docs/journal/2026-11-23-chaos-campaigns.md) is the
+        cluster's "not now"."""
         where = Where("describe_configs")
         try:
             metadata = self._admin.list_topics(timeout=_TIMEOUT_S)

@@ -23,10 +23,10 @@ Config = dict[str, Any]
 # Once a consumer's prefetched records reach queued.max.messages.kbytes (64 MB: 64k
 # records of 1 KB) or a partition's reach queued.min.messages (100k), librdkafka stops
 # fetching that partition for fetch.queue.backoff.ms. Its default, 1 s, is longer than
-# a reader takes to work through that much, so every reader stood idle part of each
-# second: the stage's input consumer (and the bare loop) was capped near 70k records/s
-# of 1 KB whatever the stage cost (docs/journal/2026-11-26-fetch-backoff-and-runs.md),
-# and so were the operator tools' and the verifier's read_committed readers.
+# a reader takes to work through that much, so with it every reader stands idle part of
+# each second: the stage's input consumer (and the bare loop) caps near 70k records/s
+# of 1 KB whatever the stage costs (docs/journal/2026-11-26-fetch-backoff-and-runs.md),
+# and so do the operator tools' and the verifier's read_committed readers.
 FETCH_QUEUE_BACKOFF_MS = 20
 
 
@@ -74,7 +74,8 @@ def _classic_session(settings: Settings) -> Config:
     """The session timeout (45 s unless set) and a heartbeat of a tenth of it, at most
     librdkafka's 3 s. A dead member is noticed a session time-out after its last
     heartbeat, and the survivors learn of the rebalance at their next heartbeat: a
-    3 s heartbeat under a 10 s session added up to 3 s to every fail-over."""
+    3 s heartbeat under a 10 s session adds up to 3 s to every fail-over
+    (docs/journal/2026-11-26-startup-pool-heartbeat.md)."""
     set_ms = settings.consumer.get("session.timeout.ms") or settings.kafka.get("session.timeout.ms")
     text = set_ms.get_secret_value().strip() if set_ms is not None else "45000"
     if not text.isdigit():
@@ -89,19 +90,19 @@ def _classic_session(settings: Settings) -> Config:
 # decommissions the brokers it knew, and the group coordinator it cached may be one
 # of them: a send_offsets_to_transaction begun then waits for that dead broker to
 # come up and never returns, whatever its timeout (librdkafka #5511 and #5456, open
-# in 2.16; seen as commits stuck until the stuck-call watchdog replaced the
-# producer). Restarted or replaced brokers keep their addresses (or DNS names),
-# which the producer reconnects to. An operator can still set it back.
+# in 2.16): commits stay stuck until the stuck-call watchdog replaces the producer
+# (docs/decisions.md, "Transactional producers do not re-bootstrap"). Restarted or
+# replaced brokers keep their addresses (or DNS names), which the producer reconnects
+# to. An operator can still set it back.
 #
 # A pinned producer sends one partition's outputs, a small share of the replica's: with
-# librdkafka's 5 ms linger each of them sent a request every few milliseconds, and the
-# broker's work per record was about 1.5 times at-least-once's (one shared producer,
+# librdkafka's 5 ms linger each of them sends a request every few milliseconds, and the
+# broker's work per record is about 1.5 times at-least-once's (one shared producer,
 # requests for every partition at once). Its outputs are read only once committed,
 # and commit_transaction flushes at once whatever the linger, so lingering 50 ms
-# delays nothing a read_committed reader sees. Measured
-# (docs/journal/2026-11-26-pinned-producers-linger-50ms.md): broker and process CPU
-# per record 5-25 % lower at 4, 8 and 64 partitions; throughput level or higher;
-# end-to-end p99 unchanged.
+# delays nothing a read_committed reader sees, and it takes 5-25 % less broker and
+# process CPU per record at 4, 8 and 64 partitions, at a throughput level or higher and
+# the same end-to-end p99 (docs/journal/2026-11-26-pinned-producers-linger-50ms.md).
 _TRANSACTIONAL_DEFAULTS: Config = {"metadata.recovery.strategy": "none", "linger.ms": 50}
 
 

@@ -168,9 +168,9 @@ class PinnedProducer:
         """The cause of a bare _FATAL. librdkafka records the fatal error before it
         queues the event that tells it (rdkafka.c, ``rd_kafka_set_fatal_error0``:
         a log line lies between), so a call on another thread can fail with _FATAL
-        while there is nothing to serve yet: wait for it, briefly. (A chaos campaign
-        saw the loop's poll serve the event and drop it, then a produce fail with a
-        bare _FATAL that was taken for fatal: the replica exited 1 on a fence.)"""
+        while there is nothing to serve yet: wait for it, briefly. Without its cause a
+        bare _FATAL is taken for fatal, and the replica exits 1 on what is only a
+        fence (docs/decisions.md, "librdkafka hides two causes")."""
         deadline = time.monotonic() + _FATAL_CAUSE_WAIT_S
         while self._fatal is None and time.monotonic() < deadline:
             self._serve(0.01)
@@ -198,9 +198,10 @@ class PinnedProducer:
 
         Every call gets the time left as its timeout: librdkafka's transactional
         calls wait forever by default, and its background operation retries for as
-        long as the first call's timeout allows (seen: a send_offsets_to_transaction
-        begun as the broker died never returned). A call that timed out is resumed by
-        calling it again; past the deadline the RetriableError reaches the caller."""
+        long as the first call's timeout allows (without one, a
+        send_offsets_to_transaction begun as the broker dies never returns). A call
+        that timed out is resumed by calling it again; past the deadline the
+        RetriableError reaches the caller."""
         deadline = time.monotonic() + self.deadline_s
 
         def attempt() -> T:
@@ -221,21 +222,19 @@ class PinnedProducer:
         librdkafka decommissions as soon as the first metadata names the real broker
         behind that address; the lookup then fails with ``_DESTROY_BROKER`` and is
         retried on the 500 ms coordinator query timer (rdkafka_txnmgr.c,
-        ``rd_kafka_txn_coord_timer_start``; seen with ``debug=eos``: 3 of 8 producers
-        initialised at once took 0.52 s, the others 0.02-0.06 s). After one metadata
-        round trip the bootstrap broker is gone (measured on one node: 0.51 to 0.57 s
-        without, 0.07 s with), but the real one may not be connected yet: the lookup
-        then finds "No brokers available for Transactions (2 broker(s) known)" and
-        waits for the same timer (seen in a stage's ``debug=eos`` log: 1 producer in 4,
-        on a busy box). The second request waits for a connected broker (librdkafka's
-        ``rd_kafka_broker_any_usable``), so the lookup has one. A failure is left to
-        init_transactions to report. The backfill uses it (a new producer per
-        slice), and so does the stage for a partition's first producer of an
-        assignment, not for a replacement (ExactlyOnce.init): with it, a stage whose
-        replacement producers were initialising when its only broker froze for 17 s
-        never finished init_transactions within the 90 s deadline and exited 1
-        (test_compound_faults, frozen broker: 2 of 4 runs with a 5 s bound, 2 of 4
-        again with 1 s, none of 4 without); why is not understood yet."""
+        ``rd_kafka_txn_coord_timer_start``): such a producer takes 0.5 s to
+        initialise instead of a few tens of milliseconds. After one metadata round
+        trip the bootstrap broker is gone, but the real one may not be connected yet:
+        the lookup then finds "No brokers available for Transactions (2 broker(s)
+        known)" and waits for the same timer. The second request waits for a
+        connected broker (librdkafka's ``rd_kafka_broker_any_usable``), so the lookup
+        has one. A failure is left to init_transactions to report. The backfill uses
+        it (a new producer per slice), and so does the stage for a partition's first
+        producer of an assignment, not for a replacement (ExactlyOnce.init): with it,
+        a stage whose replacement producers initialise while its only broker freezes
+        for 17 s can fail to finish init_transactions within the 90 s deadline and
+        exit 1, whether the warm-up is bounded at 5 s or 1 s; why is not understood
+        yet. Measurements: docs/journal/2026-11-26-warm-up.md."""
         if self.connect_first:
             try:
                 for _ in range(2):

@@ -23,8 +23,9 @@ def listed_brokers(bootstrap: str, timeout: float) -> set[int]:
     DescribeCluster answer lists no broker. A single node answers so for a moment
     after SIGCONT, while it is fenced: the metadata parser returns ``_PARTIAL`` ("No
     brokers or topics in metadata"), the DescribeCluster parser returns the buffer's
-    error (none) and no result. It killed a CI run in ``heal()``. The metadata API
-    reports the same ``_PARTIAL`` as an error (a KafkaException)."""
+    error (none) and no result, so ``heal()`` would abort the test run. The metadata
+    API reports the same ``_PARTIAL`` as an error (a KafkaException)
+    (docs/journal/2026-11-27-seed-11-test-in-ci.md)."""
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
     return set(admin.list_topics(timeout=timeout).brokers)
 

@@ -1,17 +1,15 @@
-"""The interpreter, tuned for the stage's loop (docs/journal/2026-11-26-garbage-collector.md).
-
-Two settings, each measured before it was kept:
+"""The interpreter, tuned for the stage's loop: two settings.
 
 - **GIL switch interval 1 ms** (Python's default is 5 ms), set before the stage
   starts: commits, aborts and inits run on job threads that need the GIL for a
-  moment between Kafka calls, and waited behind the loop thread's per-record work.
-  It halved commit latency (p50 86 -> 40 ms, p99 670 -> 241 ms) at the same
-  throughput.
+  moment between Kafka calls; at 5 ms they wait behind the loop thread's per-record
+  work, and commit latency doubles at the same throughput
+  (docs/journal/2026-11-23-hot-path-after-rebuild.md).
 - **The cycle collector**, once start-up is done: with Python's defaults the stage
-  spent 7-11 % of its CPU in it (0.52-0.64 s of an exactly-once run over 200,000
-  records), mostly in full collections walking every object start-up made. Each
-  in-flight output's delivery callback outlives the young collections (it lives until
-  the broker answers), so the oldest generation kept filling and was walked again and
+  spends 7-11 % of its CPU in it, mostly in full collections walking every object
+  start-up made (docs/journal/2026-11-26-garbage-collector.md). Each in-flight
+  output's delivery callback outlives the young collections (it lives until the
+  broker answers), so the oldest generation keeps filling and is walked again and
   again. Freezing start-up's objects takes them out of every walk; collecting the
   youngest generation every 20,000 allocations instead of 700 lets most per-record
   containers die before a collection sees them. The stage's cycles are rare (its

@@ -146,8 +146,9 @@ class Batch(LoopState):
             state = partition.state
             txn = state.txn
             # ACTIVE only: a committing partition's transaction is past its due time
-            # and takes no record (a checkpoint at every record while it commits cost
-            # the loop 2.5 times its CPU per record).
+            # and takes no record (a checkpoint at every record while it commits would
+            # cost the loop 2.5 times its CPU per record:
+            # docs/journal/2026-11-27-clock-bounded-loop.md).
             if txn is not None and state.phase is _ACTIVE and txn.opened_at + late < due:
                 due = txn.opened_at + late
         return due

@@ -3,11 +3,10 @@
 librdkafka can leave an assigned partition unfetched without a word: no records,
 no error, no log line (librdkafka#5591, open: a pause or resume whose operation is
 dropped as outdated around an assignment). The stage pauses every new partition
-until its position is read from Kafka, which is the pattern that report names,
-and a benchmark replica here once sat with one of its eight partitions never
-fetched while /readyz said every partition was ready
-(docs/journal/2026-11-24-partition-never-fetched.md). Nothing else would notice:
-the partition's lag gauge needs a fetch response.
+until its position is read from Kafka, which is the pattern that report names, and
+a replica can then sit with a partition never fetched while /readyz says every
+partition is ready (docs/journal/2026-11-24-partition-never-fetched.md). Nothing
+else would notice: the partition's lag gauge needs a fetch response.
 
 The watch looks at the outcome, not the cause. A partition that should be fetching
 (ACTIVE, no pause, no seek pending, nothing held, no job in flight) is *idle* when

@@ -59,10 +59,10 @@ class Jobs:
         any, has ended, beside the loop.
 
         A done-callback of the job's future: the future runs it exactly once, whether
-        it ends before or after this call (or is cancelled by a shutdown). The job
-        thread used to read a hook the loop set here, and each side could leave the
-        close to the other: the job read it just before the loop set it, the loop then
-        found the future not done yet, and the producer was never closed."""
+        it ends before or after this call (or is cancelled by a shutdown). A hook the
+        loop set here for the job thread to read would let each side leave the close
+        to the other: the job reads it just before the loop sets it, the loop then
+        finds the future not done yet, and the producer is never closed."""
         job = partition.job
         if job is None or job[1].done():
             self.spawn(then)  # not on the loop thread: a close may wait

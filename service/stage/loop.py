@@ -113,8 +113,8 @@ class Loop(Batch, Positions, Reports, Housekeeping):
         """Dispatch what finished beside the loop: jobs, delivery reports, lookups.
         Only the jobs finished by now: a commit that ends while held records drain
         waits for the next iteration, so the loop returns to ``consume()`` (taken as
-        they came, a slow transform's partitions drained their whole backlogs here,
-        commit after commit, past ``max.poll.interval.ms``)."""
+        they come, a slow transform's partitions would drain their whole backlogs
+        here, commit after commit, past ``max.poll.interval.ms``)."""
         for partition, (event, error) in list(self.jobs.completions()):
             if error is not None:
                 raise error
@@ -284,8 +284,8 @@ class Loop(Batch, Positions, Reports, Housekeeping):
         for partition in leaving:
             # A Finish that overruns closes its own producer. What a job that ended
             # meanwhile found is still reported (a commit that met the successor's fence
-            # as a paused replica resumed): taken here, its completion never reached
-            # ``settle`` and the fence went unsaid.
+            # as a paused replica resumed): taken here, its completion never reaches
+            # ``settle``, so unreported here the fence would go unsaid.
             completion = None if partition.job is startup.get(partition.key) else \
                 self.jobs.wait(partition, deadline)
             if completion is not None and completion[0] is not None:

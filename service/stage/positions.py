@@ -36,7 +36,8 @@ class Positions(LoopState):
         """The consumer's group metadata, for a committer to take as its commit
         starts, on the loop thread (Guarantee.commit): the consumer must not be called
         from another thread (its calls there wait while this thread sits in
-        consume()). At-least-once never takes it: it cost 0.1-0.3 ms a commit."""
+        consume()). At-least-once never takes it: it costs 0.1-0.3 ms a commit
+        (docs/journal/2026-11-27-at-least-once-linger-20ms.md)."""
         return self.consumer.consumer_group_metadata()
 
     def _seek(self, partition: Partition, offset: int) -> None:
@@ -48,8 +49,9 @@ class Positions(LoopState):
         "application position" as it was, and every later pause moves the fetcher to
         that position (rdkafka_partition.c). After a rebalance served inside consume()
         that position can belong to records of the previous assignment, far ahead
-        (rdkafka_queue.c updates it after the callbacks): a chaos campaign saw a
-        partition resume 1 474 records past the offset Kafka had committed. So a
+        (rdkafka_queue.c updates it after the callbacks), so the partition can resume
+        far past the offset Kafka committed (docs/state-machine.md, "A seek is checked,
+        not trusted"). So a
         refused seek keeps the partition paused and is retried until it lands, and the
         first record fetched after it must be at ``offset``: fetched from beyond it, the
         seek is made once more (a gap that persists is real: transaction markers,
@@ -121,8 +123,8 @@ class Positions(LoopState):
         still holding offsets for the partition settles first. This runs only after
         this replica's own init_transactions or abort_transaction returned, and both
         return only once every earlier transaction of the partition's id is
-        complete; so when the broker does not answer a stable read in time (seen
-        after a broker restart), the plain committed offset is just as right. Not
+        complete; so when the broker does not answer a stable read in time (after a
+        broker restart, say), the plain committed offset is just as right. Not
         ``after_commit`` (a poison retry's reposition): commit_transaction returns
         once the coordinator has decided, before the markers that apply the
         transaction's offsets are written, and a plain read then may give the offset

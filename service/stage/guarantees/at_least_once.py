@@ -209,8 +209,8 @@ class AtLeastOnce:
         """The result of an asynchronous commit (served by the consumer's poll, on the
         loop thread; never raises). A failed offset is committed again at the next
         interval unless a newer one was sent since: once the input stops nothing else
-        would ever commit it (a rebalance's ILLEGAL_GENERATION left partitions behind
-        for good).
+        would ever commit it, and a rebalance's ILLEGAL_GENERATION would leave
+        partitions behind for good (docs/journal/2026-11-23-at-least-once-campaign.md).
 
         A commit counts (transactions committed, the last commit's time) once Kafka
         said so here, not when a window was sealed nor when the commit was sent."""
@@ -233,9 +233,9 @@ class AtLeastOnce:
         offsets to be committed. A failed commit only means the next owner sends
         those outputs again; so does an output still in flight at the deadline.
 
-        The wait is the release's, not each partition's: a revoke of eight partitions
-        while the broker does not answer waited 10 s for each of them, 80 s in which
-        the loop served nothing and the group's rebalance stood still."""
+        The wait is the release's, not each partition's: waiting 10 s for each of
+        eight revoked partitions while the broker does not answer would take 80 s, in
+        which the loop serves nothing and the group's rebalance stands still."""
         if commit:
             self.commit(key, txn or Txn(0, 0, 0, 0.0), group_metadata)
             windows = self._windows.get(key, deque())

@@ -73,8 +73,8 @@ class ExactlyOnce:
         init_transactions (PinnedProducer's ``connect_first``): without it, a third of
         new producers wait out librdkafka's 500 ms coordinator timer, and a fail-over
         or a rebalance waits for the slowest. A replacement does not: it follows
-        trouble with the cluster, and with a frozen broker the metadata request was
-        seen to keep init_transactions from finishing (PinnedProducer.init)."""
+        trouble with the cluster, and with a frozen broker the metadata request can
+        keep init_transactions from finishing (PinnedProducer.init)."""
         tid = self.transactional_id(key)
         token = object()
         with self._lock:
@@ -238,9 +238,10 @@ class ExactlyOnce:
 
         confluent-kafka takes the GIL for every delivery report, whatever the callback
         (Producer.c, ``dr_msg_cb``). Left to ``commit_transaction``'s flush, a
-        transaction's reports were served on its job thread, each one waiting for the
-        busy loop thread to give up the GIL (up to the 1 ms switch interval). Failed
-        outputs still surface in the transaction's own calls."""
+        transaction's reports would be served on its job thread, each one waiting for
+        the busy loop thread to give up the GIL (up to the 1 ms switch interval;
+        docs/journal/2026-11-26-delivery-reports-on-loop-thread.md). Failed outputs
+        still surface in the transaction's own calls."""
         for producer in list(self._producers.values()):  # init jobs add to it
             producer.poll()
         return []

@@ -54,8 +54,8 @@ def init_failed(state: PartitionState, event: InitFailed, policy: Policy) -> Ste
         return replace(state, phase=Phase.FENCED, fenced_at=event.now), [
             Fenced(None, False, str(event.error))]
     if isinstance(event.error, RetriableError):
-        # Timed out past its deadline. A producer made while the only broker was
-        # frozen was seen to stay "all brokers down" for good (it never re-bootstraps,
+        # Timed out past its deadline. A producer made while the only broker is
+        # frozen can stay "all brokers down" for good (it never re-bootstraps,
         # kafka_config.py): the failed one is closed, a fresh one bootstraps anew.
         # The partition stays paused (and reported stalled) meanwhile.
         return state, [StartInit(replacing=True)]
@@ -92,9 +92,9 @@ def produce_failed(state: PartitionState, event: ProduceFailed, policy: Policy) 
 
 def delivery_failed(state: PartitionState, event: DeliveryFailed, policy: Policy) -> Step:
     # POSITIONING too: after a poison retry the partition positions while the windows
-    # it sealed are still in flight. Ignored there, the failure stayed blamed in the
-    # committer with its window at the head of the queue: no later offset of the
-    # partition was committed and no later failure reported. The abort forgets them;
+    # it sealed are still in flight. Ignored there, the failure would stay blamed in
+    # the committer with its window at the head of the queue: no later offset of the
+    # partition committed and no later failure reported. The abort forgets them;
     # the position is looked up again (the lookup under way is superseded).
     if state.phase not in (Phase.ACTIVE, Phase.COMMITTING, Phase.POSITIONING):
         return ignored(state)
@@ -209,8 +209,9 @@ def abort_failed(state: PartitionState, event: AbortFailed, policy: Policy) -> S
         # the next init_transactions of its id aborts the transaction for us.
         return _fence(state, event.error, event.now, policy)
     if policy.renew_after_abort:
-        # The producer is unusable (seen in the soak: INVALID_TXN_STATE on the abort
-        # after the coordinator's broker died while outputs timed out). Nobody else
+        # The producer is unusable (e.g. INVALID_TXN_STATE on the abort after the
+        # coordinator's broker dies while outputs time out:
+        # docs/journal/2026-11-24-soak-30-minutes.md). Nobody else
         # claimed the id, so no fence to wait out: a new producer's init_transactions
         # aborts what is open, exactly as a restart of the replica would, without the
         # restart. Counted as an abort: a producer that keeps failing so still fails

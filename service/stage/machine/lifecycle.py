@@ -149,8 +149,8 @@ def released(state: PartitionState, event: Released, policy: Policy) -> Step:
 
     At-least-once (``commits_deferred``) a healthy release commits with no window
     open as well: a window just sealed leaves ``txn`` None while its offsets wait to
-    be delivered and committed. Told to commit nothing, the committer dropped them
-    (the next owner redid them) and did not wait for its outputs in flight."""
+    be delivered and committed. Told to commit nothing, the committer would drop
+    them (the next owner redoing them) and not wait for its outputs in flight."""
     phase, txn = state.phase, state.txn
     done = replace(state, phase=Phase.RELEASED, txn=None)
     if phase in (Phase.RELEASED, Phase.FENCED):
