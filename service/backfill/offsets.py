@@ -11,25 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from confluent_kafka import IsolationLevel, KafkaError, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from service.backfill.plan import PartitionRange
 from service.backfill.specs import Bound, Earliest, KafkaSource, Latest, Offsets, Timestamp
 from service.errors import ConfigError, Where
+from service.kafka import reading
 from service.kafka.errors import translate_error, translated
 
 TIMEOUT_S = 30.0
-_EARLIEST = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
-_LATEST = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 
 
 def resolve(admin: AdminClient, source: KafkaSource) -> list[PartitionRange]:
     """The committed offset range of each selected partition; ConfigError if impossible."""
     partitions = _partitions(admin, source)
-    log_start = _list(admin, source.topic, {p: _EARLIEST for p in partitions})
-    stable = _list(admin, source.topic, {p: _LATEST for p in partitions})
+    log_start = _list(admin, source.topic, partitions, reading.EARLIEST)
+    stable = _list(admin, source.topic, partitions, reading.LATEST)
     start = _bound(admin, source.topic, source.start, partitions, log_start, stable)
     end = _bound(admin, source.topic, source.end, partitions, log_start, stable)
     problems = [problem for p in partitions
@@ -66,13 +65,14 @@ def _partitions(admin: AdminClient, source: KafkaSource) -> list[int]:
     return sorted(named)
 
 
-def _list(admin: AdminClient, topic: str, specs: Mapping[int, OffsetSpec]) -> dict[int, int]:
-    """``list_offsets`` read_committed: ``latest`` is the last stable offset."""
-    request = {TopicPartition(topic, p): spec for p, spec in specs.items()}
+def _list(admin: AdminClient, topic: str, partitions: list[int],
+          spec: OffsetSpec) -> dict[int, int]:
+    """``list_offsets`` read_committed (``latest`` is the last stable offset), asked
+    again while a partition is not answered for (service.kafka.reading.offsets)."""
     with translated(Where("list_offsets", topic=topic)):
-        futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
-                                     request_timeout=TIMEOUT_S)
-        return {tp.partition: int(future.result().offset) for tp, future in futures.items()}
+        found = reading.offsets(admin, [(topic, p) for p in partitions], spec,
+                                IsolationLevel.READ_COMMITTED, timeout_s=TIMEOUT_S)
+    return {p: offset for (_, p), offset in found.items()}
 
 
 def _bound(admin: AdminClient, topic: str, bound: Bound, partitions: list[int],
@@ -84,7 +84,7 @@ def _bound(admin: AdminClient, topic: str, bound: Bound, partitions: list[int],
     if isinstance(bound, Offsets):
         return {p: bound.by_partition.get(p, stable[p]) for p in partitions}
     assert isinstance(bound, Timestamp)
-    found = _list(admin, topic, {p: OffsetSpec.for_timestamp(bound.ms) for p in partitions})
+    found = _list(admin, topic, partitions, OffsetSpec.for_timestamp(bound.ms))
     # -1: no record at or after the timestamp, so the range runs to the end.
     return {p: stable[p] if offset < 0 else offset for p, offset in found.items()}
 

@@ -250,16 +250,20 @@ class Cluster:
     def high_watermarks(self, keys: Sequence[tuple[str, int]], *,
                         timeout_s: float = _TIMEOUT_S) -> dict[tuple[str, int], int]:
         """Each partition's high watermark (ListOffsets, latest). A partition not
-        answered for is left out: the caller asks again later."""
+        answered for is left out: the caller asks again later. (That includes an
+        answer of -1001 and no error, librdkafka's for a partition whose leader is
+        not known yet.)"""
         futures = self._admin.list_offsets(
             {TopicPartition(topic, partition): _LATEST for topic, partition in keys},
             isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=timeout_s)
         found: dict[tuple[str, int], int] = {}
         for tp, future in futures.items():
             try:
-                found[(tp.topic, tp.partition)] = int(future.result(timeout_s).offset)
+                offset = int(future.result(timeout_s).offset)
             except (KafkaException, TimeoutError):
                 continue
+            if offset >= 0:
+                found[(tp.topic, tp.partition)] = offset
         return found
 
     def topic_config(self, topic: str) -> dict[str, str]:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import (
+    OFFSET_INVALID,
     Consumer,
     IsolationLevel,
     KafkaError,
@@ -68,18 +69,56 @@ def _denied(exc: KafkaException, name: str) -> Exception:
     return exc
 
 
+# ListOffsets answers while a partition's leader is still being chosen or reached.
+_MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+           KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
+
+
 def list_offsets(config: Config, wanted: Iterable[Partition], spec: OffsetSpec,
-                 isolation: IsolationLevel = IsolationLevel.READ_COMMITTED
-                 ) -> dict[Partition, int]:
+                 isolation: IsolationLevel = IsolationLevel.READ_COMMITTED, *,
+                 timeout_s: float = 30.0) -> dict[Partition, int]:
     """``spec`` offsets: latest + READ_COMMITTED is the last stable offset, latest +
     READ_UNCOMMITTED the high watermark."""
+    admin = AdminClient(_with_logger(config))  # kept until the results are in: they die with it
+    return offsets(admin, wanted, spec, isolation, timeout_s=timeout_s)
+
+
+def offsets(admin: AdminClient, wanted: Iterable[Partition], spec: OffsetSpec,
+            isolation: IsolationLevel, *, timeout_s: float) -> dict[Partition, int]:
+    """One ListOffsets for every partition, asked again until ``timeout_s`` while a
+    partition is not answered for: its leader is moving (an error), or librdkafka
+    gives no offset and no error (-1001: seen for the partitions of a killed leader,
+    before the new one is known). Only a timestamp may have no offset (-1)."""
     request = {TopicPartition(t, p): spec for t, p in wanted}
     if not request:
         return {}
-    admin = AdminClient(_with_logger(config))  # kept until the results are in: they die with it
-    futures = admin.list_offsets(request, isolation_level=isolation, request_timeout=30)
-    return {(tp.topic, tp.partition): future.result(60).offset
-            for tp, future in futures.items()}
+    by_time = spec is not EARLIEST and spec is not LATEST
+
+    def ask() -> dict[Partition, int]:
+        futures = admin.list_offsets(request, isolation_level=isolation,
+                                     request_timeout=timeout_s)
+        try:
+            found = {(tp.topic, tp.partition): int(f.result(timeout_s + 5).offset)
+                     for tp, f in futures.items()}
+        except KafkaException as exc:
+            error = kafka_error(exc)
+            if error is not None and (error.retriable() or error.code() in _MOVING):
+                raise RetriableError(Where("list_offsets"), error) from exc
+            raise
+        unanswered = sorted(k for k, offset in found.items()
+                            if offset == OFFSET_INVALID or (offset < 0 and not by_time))
+        if unanswered:
+            topic, partition = unanswered[0]
+            raise RetriableError(
+                Where("list_offsets", topic=topic, partition=partition),
+                KafkaError(KafkaError.LEADER_NOT_AVAILABLE,
+                           f"no offset answered for {len(unanswered)} partition(s)"))
+        return found
+
+    try:
+        return retry_until(time.monotonic() + timeout_s, ask, pause=0.2)
+    except RetriableError as exc:  # this module's callers get librdkafka's own error
+        raise KafkaException(exc.error) from exc
 
 
 def offsets_for_time(config: Config, wanted: Iterable[Partition], ms: int
@@ -159,30 +198,10 @@ class OffsetReader:
 
     def end_offsets(self, wanted: Iterable[Partition], *, stable: bool = False,
                     timeout_s: float = 10.0) -> dict[Partition, int]:
-        """High watermarks, or with ``stable`` the last stable offsets. A partition
-        whose leader is still moving in (a new topic, a restarted broker) is asked
-        again until ``timeout_s``."""
-        request = {TopicPartition(t, p): LATEST for t, p in wanted}
-        if not request:
-            return {}
+        """High watermarks, or with ``stable`` the last stable offsets; a partition not
+        answered for (its leader moving in) is asked again until ``timeout_s``."""
         isolation = IsolationLevel.READ_COMMITTED if stable else IsolationLevel.READ_UNCOMMITTED
-
-        def ask() -> dict[Partition, int]:
-            futures = self._admin.list_offsets(request, isolation_level=isolation,
-                                               request_timeout=timeout_s)
-            try:
-                return {(tp.topic, tp.partition): int(f.result(timeout_s + 5).offset)
-                        for tp, f in futures.items()}
-            except KafkaException as exc:
-                error = kafka_error(exc)
-                if error is not None and (error.retriable() or error.code() in _MOVING):
-                    raise RetriableError(Where("list_offsets"), error) from exc
-                raise
-
-        try:
-            return retry_until(time.monotonic() + timeout_s, ask, pause=0.2)
-        except RetriableError as exc:  # this module's callers get librdkafka's own error
-            raise KafkaException(exc.error) from exc
+        return offsets(self._admin, wanted, LATEST, isolation, timeout_s=timeout_s)
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -193,11 +212,6 @@ class OffsetReader:
 
     def __exit__(self, *_: object) -> None:
         self.close()
-
-
-# ListOffsets answers while a partition's leader is still being chosen or reached.
-_MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-           KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
 
 
 def _may_describe(config: Config, group_id: str) -> None:

@@ -111,5 +111,8 @@ class LsoWatch:
         request = {TopicPartition(t, p): _LATEST for _, t, p in partitions}
         futures = self._admin.list_offsets(request, isolation_level=isolation,
                                            request_timeout=10)
-        return {(roles[(tp.topic, tp.partition)], tp.topic, tp.partition): f.result(30).offset
-                for tp, f in futures.items()}
+        found = {(roles[(tp.topic, tp.partition)], tp.topic, tp.partition): f.result(30).offset
+                 for tp, f in futures.items()}
+        # -1001 and no error: librdkafka's answer for a partition whose leader is not
+        # known yet. Left out: the partition is observed at the next round.
+        return {key: offset for key, offset in found.items() if offset >= 0}
