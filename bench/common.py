@@ -288,8 +288,6 @@ def offset_probe(bootstrap: str, group_id: str | None = None) -> OffsetReader:
                         stable=False)
 
 
-
-
 def behind(ends: Mapping[TopicPartitionKey, int],
            committed: Mapping[TopicPartitionKey, int]) -> int:
     """Records between the committed offsets and the end offsets, summed."""

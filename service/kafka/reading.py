@@ -25,7 +25,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._listoffsets import OffsetSpec
+from confluent_kafka.admin._listoffsets import OffsetSpec, TimestampSpec
 
 from service.contract.records import Record
 from service.errors import RetriableError, Where
@@ -92,7 +92,7 @@ def offsets(admin: AdminClient, wanted: Iterable[Partition], spec: OffsetSpec,
     request = {TopicPartition(t, p): spec for t, p in wanted}
     if not request:
         return {}
-    by_time = spec is not EARLIEST and spec is not LATEST
+    by_time = isinstance(spec, TimestampSpec)
 
     def ask() -> dict[Partition, int]:
         futures = admin.list_offsets(request, isolation_level=isolation,
