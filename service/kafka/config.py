@@ -103,7 +103,18 @@ def _classic_session(settings: Settings) -> Config:
 # delays nothing a read_committed reader sees, and it takes 5-25 % less broker and
 # process CPU per record at 4, 8 and 64 partitions, at a throughput level or higher and
 # the same end-to-end p99 (docs/journal/2026-11-26-pinned-producers-linger-50ms.md).
-_TRANSACTIONAL_DEFAULTS: Config = {"metadata.recovery.strategy": "none", "linger.ms": 50}
+#
+# connections.max.idle.ms: a broker that dies is dropped from the producer's metadata
+# (decommissioned); if it was the cached group coordinator, a send_offsets_to_transaction
+# waits for some broker connection to change state before it looks for the new one, and
+# a producer stuck in a commit sends nothing (librdkafka #5511, fix not released). A
+# connection idle for 30 s (up to 2 s less, librdkafka's jitter) is closed, which is that
+# change: the commit goes on within 30 s of the death instead of waiting for the
+# stuck-call watchdog (transaction time-out + 40 s). 30 s is the Java client's
+# request.timeout.ms, so no response a slow broker may still give is cut short; the
+# price is an idle producer reconnecting every 30 s, silently (docs/decisions.md).
+_TRANSACTIONAL_DEFAULTS: Config = {"metadata.recovery.strategy": "none", "linger.ms": 50,
+                                   "connections.max.idle.ms": 30_000}
 
 
 def producer_config(settings: Settings, transactional_id: str | None) -> Config:

@@ -484,9 +484,9 @@ def test_send_offsets_after_the_only_broker_restarted_returns(
     # librdkafka re-bootstraps once every broker it knows is down, which decommissions
     # the broker it had cached as group coordinator; after the restart, the offsets
     # commit waits for that dead broker object forever, timeout or not (librdkafka
-    # #5511, #5456). The product's producers do not re-bootstrap (kafka_config);
-    # "rebootstrap" is librdkafka's default, kept to show the hang is real: it fails
-    # once librdkafka is fixed, and then the setting can go.
+    # #5511, #5456). The product's producers do not re-bootstrap (kafka/config.py);
+    # "rebootstrap" is librdkafka's defaults (re-bootstrap, no idle close), kept to show
+    # the hang is real: it fails once librdkafka is fixed, and then the settings can go.
     cluster = make_cluster(1)
     topic = create_topic(cluster.bootstrap, unique_name("reboot"))
     group = unique_name("reboot-group")
@@ -497,6 +497,7 @@ def test_send_offsets_after_the_only_broker_restarted_returns(
     config = producer_config(settings, unique_name("tx-reboot"))
     if strategy == "rebootstrap":
         config["metadata.recovery.strategy"] = "rebootstrap"
+        config["connections.max.idle.ms"] = 0  # its closing would end the hang (#5511)
     config["logger"] = logging.getLogger("tests.rebootstrap")  # a hung one stays quiet
     producer = Producer(config)
     consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group})

@@ -1,10 +1,13 @@
-"""Faults beyond one replica: oversized outputs, and a partition leader killed in a
-3-node cluster (RF 3, min.insync.replicas 2) while the stage runs.
+"""Faults beyond one replica: oversized outputs, a partition leader killed in a 3-node
+cluster (RF 3, min.insync.replicas 2) while the stage runs, and the group's coordinator
+killed under a commit and under committed-offset lookups.
 
 Takes ≈ 130 s (2 cores; make test, 2026-11-27)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -12,9 +15,11 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from service.contract.deadletter import ERROR_CLASS
+from service.kafka.config import producer_config
+from service.settings import load_settings
 from tests.harness.admin import create_topic, partition_leaders
 from tests.harness.reading import read_committed
 from tests.harness.stage import PARTITIONS, StageSetup, produce_inputs, stage_tree, wait_for
@@ -123,3 +128,66 @@ def test_committed_offset_lookups_survive_the_group_coordinator_moving(
     assert hammer.returncode == 0, f"the asking process died ({hammer.returncode}):\n{printed}"
     answers = int(printed.split("answers=")[1].split()[0])
     assert answers > 100, printed
+
+
+def test_a_commit_finds_the_new_group_coordinator_when_the_old_one_dies(
+        cluster3: object, unique_name: object) -> None:
+    # A leader-kill run stood still for 100 s: three partitions' commits waited in
+    # send_offsets_to_transaction until the stuck-call watchdog replaced their producers.
+    # The killed broker was the group's coordinator; librdkafka dropped it from its
+    # metadata and then waited for a broker connection to change state before looking
+    # for the new coordinator, and a producer stuck in a commit sends nothing
+    # (librdkafka #5511). With librdkafka's defaults the call below never returns (it
+    # hung for 10 minutes, timeout or not); the product's producers close a connection
+    # idle for 30 s (kafka/config.py), which is that change.
+    bootstrap = cluster3.bootstrap  # type: ignore[attr-defined]
+    inputs = create_topic(bootstrap, unique_name("in"), partitions=1)  # type: ignore[operator]
+    outputs = create_topic(bootstrap, unique_name("out"), partitions=3)  # type: ignore[operator]
+    group = unique_name("group")  # type: ignore[operator]
+    settings = load_settings({"TXSTAGE_BOOTSTRAP_SERVERS": bootstrap,
+                              "TXSTAGE_INPUT_TOPICS": inputs, "TXSTAGE_GROUP_ID": group,
+                              "TXSTAGE_OUTPUT_TOPIC": outputs,
+                              "TXSTAGE_TRANSFORM": "service.examples.square:square"})
+    config = producer_config(settings, f"{group}.{inputs}.0")
+    config["logger"] = logging.getLogger("tests.coordinator_death")  # the kill is noisy
+    producer = Producer(config)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    metadata = consumer.consumer_group_metadata()
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(outputs, b"before", partition=0)
+    producer.send_offsets_to_transaction([TopicPartition(inputs, 0, 1)], metadata, 30)
+    producer.commit_transaction(30)  # the group's coordinator is cached now
+    producer.begin_transaction()
+    for partition in range(3):
+        producer.produce(outputs, b"during", partition=partition)
+    producer.flush(30)
+    coordinator = _coordinator(bootstrap, group)
+    cluster3.kill(coordinator)  # type: ignore[attr-defined]
+    wait_for(lambda: coordinator not in producer.list_topics(timeout=5).brokers, 30,
+             "the producer to drop the killed coordinator from its metadata")
+    killed = time.monotonic()
+    answered: list[str] = []
+
+    def commit() -> None:
+        try:
+            producer.send_offsets_to_transaction([TopicPartition(inputs, 0, 2)], metadata, 60)
+            producer.commit_transaction(30)
+            answered.append("committed")
+        except Exception as exc:  # an error is an answer too, and fails below
+            answered.append(f"failed: {exc}")
+
+    worker = threading.Thread(target=commit, daemon=True)
+    worker.start()
+    worker.join(45)  # 30 s of idleness, less up to 2 s of jitter, and a FindCoordinator
+    took = time.monotonic() - killed
+    try:
+        assert answered == ["committed"], (
+            f"{answered or 'no answer'} {took:.0f} s after the group coordinator died")
+    finally:
+        cluster3.restart(coordinator)  # type: ignore[attr-defined]  # frees a hung call
+        worker.join(30)
+        consumer.close()
+        if not worker.is_alive():
+            with contextlib.suppress(Exception):
+                producer.close()

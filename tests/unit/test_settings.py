@@ -79,6 +79,16 @@ def test_transactional_producers_do_not_rebootstrap_unless_told_to() -> None:
     assert producer_config(told, "grp.in-a.0")["metadata.recovery.strategy"] == "rebootstrap"
 
 
+def test_transactional_producers_close_idle_connections_unless_told_not_to() -> None:
+    # librdkafka #5511: the closing of an idle connection wakes a send_offsets_to_transaction
+    # that waits for a dead group coordinator (test_stage_cluster_faults shows it on a cluster)
+    settings = load_settings(BASE)
+    assert producer_config(settings, "grp.in-a.0")["connections.max.idle.ms"] == 30_000
+    assert "connections.max.idle.ms" not in producer_config(settings, None)
+    told = load_settings({**BASE, "TXSTAGE_PRODUCER__CONNECTIONS_MAX_IDLE_MS": "0"})
+    assert producer_config(told, "grp.in-a.0")["connections.max.idle.ms"] == "0"
+
+
 @pytest.mark.parametrize(
     ("name", "value", "fragment"),
     [
