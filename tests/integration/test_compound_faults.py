@@ -9,8 +9,6 @@ Takes ≈ 360 s (2 cores; make test, 2026-11-28).
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import signal
 import subprocess
@@ -21,13 +19,11 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupType, Producer, TopicPartition
+from confluent_kafka import ConsumerGroupType, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._group import ConsumerGroupDescription
 
 from service.contract.deadletter import ERROR_CLASS, ERROR_OFFSET, ERROR_PARTITION
-from service.kafka.config import producer_config
-from service.settings import load_settings
 from service.tools.verify import committed_offsets
 from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaCluster, KafkaService
@@ -43,6 +39,7 @@ from tests.harness.stage import (
     produce_inputs,
     wait_for,
 )
+from tests.harness.transactions import Call, committed_once, product_config
 from tests.harness.transforms import (
     square_unless_refused,
     square_unless_refused_before_commit,
@@ -490,24 +487,11 @@ def test_send_offsets_after_the_only_broker_restarted_returns(
     cluster = make_cluster(1)
     topic = create_topic(cluster.bootstrap, unique_name("reboot"))
     group = unique_name("reboot-group")
-    settings = load_settings({"TXSTAGE_BOOTSTRAP_SERVERS": cluster.bootstrap,
-                              "TXSTAGE_INPUT_TOPICS": topic, "TXSTAGE_GROUP_ID": group,
-                              "TXSTAGE_OUTPUT_TOPIC": f"{topic}-out",
-                              "TXSTAGE_TRANSFORM": "service.examples.square:square"})
-    config = producer_config(settings, unique_name("tx-reboot"))
+    config = product_config(cluster.bootstrap, topic, group, unique_name("tx-reboot"))
     if strategy == "rebootstrap":
         config["metadata.recovery.strategy"] = "rebootstrap"
         config["connections.max.idle.ms"] = 0  # its closing would end the hang (#5511)
-    config["logger"] = logging.getLogger("tests.rebootstrap")  # a hung one stays quiet
-    producer = Producer(config)
-    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group})
-    metadata = consumer.consumer_group_metadata()
-    offsets = [TopicPartition(topic, 0, 1)]
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    producer.produce(topic, b"before")
-    producer.send_offsets_to_transaction(offsets, metadata, 30)  # caches the coordinator
-    producer.commit_transaction(30)
+    producer, consumer, metadata = committed_once(config, topic, topic, group)
 
     cluster.kill(0)
     time.sleep(3)  # every broker is down: librdkafka's default re-bootstraps
@@ -515,15 +499,9 @@ def test_send_offsets_after_the_only_broker_restarted_returns(
     producer.begin_transaction()
     producer.produce(topic, b"after")
     producer.flush(30)  # the restarted broker is up for this producer again
-    returned = threading.Event()
-
-    def send_offsets() -> None:
-        with contextlib.suppress(Exception):  # an error is an answer too
-            producer.send_offsets_to_transaction(offsets, metadata, 10)
-        returned.set()
-
-    threading.Thread(target=send_offsets, daemon=True).start()
-    answered = returned.wait(25)
+    offsets = [TopicPartition(topic, 0, 1)]
+    call = Call(lambda: producer.send_offsets_to_transaction(offsets, metadata, 10))
+    answered = call.wait(25) is not None
     consumer.close()
     if answered:
         producer.abort_transaction(30)

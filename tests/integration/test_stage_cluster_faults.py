@@ -6,8 +6,6 @@ Takes ≈ 190 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import subprocess
 import sys
@@ -15,14 +13,13 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from service.contract.deadletter import ERROR_CLASS
-from service.kafka.config import producer_config
-from service.settings import load_settings
 from tests.harness.admin import create_topic, partition_leaders
 from tests.harness.reading import read_committed
 from tests.harness.stage import PARTITIONS, StageSetup, produce_inputs, stage_tree, wait_for
+from tests.harness.transactions import Call, committed_once, product_config
 from tests.harness.transforms import square_unless_big, square_unless_refused
 
 pytestmark = pytest.mark.kafka
@@ -145,52 +142,32 @@ def test_a_commit_finds_the_new_group_coordinator_when_the_old_one_dies(
     inputs = create_topic(bootstrap, unique_name("in"), partitions=1)  # type: ignore[operator]
     outputs = create_topic(bootstrap, unique_name("out"), partitions=3)  # type: ignore[operator]
     group = unique_name("group")  # type: ignore[operator]
-    settings = load_settings({"TXSTAGE_BOOTSTRAP_SERVERS": bootstrap,
-                              "TXSTAGE_INPUT_TOPICS": inputs, "TXSTAGE_GROUP_ID": group,
-                              "TXSTAGE_OUTPUT_TOPIC": outputs,
-                              "TXSTAGE_TRANSFORM": "service.examples.square:square"})
-    config = producer_config(settings, f"{group}.{inputs}.0")
+    config = product_config(bootstrap, inputs, group, f"{group}.{inputs}.0")
     assert int(config.get("connections.max.idle.ms", 0)) > 0, "idle connections stay open"
     config["connections.max.idle.ms"] = 5_000
-    config["logger"] = logging.getLogger("tests.coordinator_death")  # the kill is noisy
-    producer = Producer(config)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    metadata = consumer.consumer_group_metadata()
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    producer.produce(outputs, b"before", partition=0)
-    producer.send_offsets_to_transaction([TopicPartition(inputs, 0, 1)], metadata, 30)
-    producer.commit_transaction(30)  # the group's coordinator is cached now
+    producer, consumer, metadata = committed_once(config, inputs, outputs, group)
     producer.begin_transaction()
     for partition in range(3):
         producer.produce(outputs, b"during", partition=partition)
     producer.flush(30)
     coordinator = _coordinator(bootstrap, group)
+    killed = time.monotonic()
     cluster3.kill(coordinator)  # type: ignore[attr-defined]
     wait_for(lambda: coordinator not in producer.list_topics(timeout=5).brokers, 30,
              "the producer to drop the killed coordinator from its metadata")
-    killed = time.monotonic()
-    answered: list[str] = []
 
     def commit() -> None:
-        try:
-            producer.send_offsets_to_transaction([TopicPartition(inputs, 0, 2)], metadata, 60)
-            producer.commit_transaction(30)
-            answered.append("committed")
-        except Exception as exc:  # an error is an answer too, and fails below
-            answered.append(f"failed: {exc}")
+        producer.send_offsets_to_transaction([TopicPartition(inputs, 0, 2)], metadata, 60)
+        producer.commit_transaction(30)
 
-    worker = threading.Thread(target=commit, daemon=True)
-    worker.start()
-    worker.join(20)  # 5 s of idleness, less up to 2 s of jitter, and a FindCoordinator
-    took = time.monotonic() - killed
+    call = Call(commit)
+    outcome = call.wait(20)  # 5 s of idleness, less up to 2 s of jitter, a FindCoordinator
     try:
-        assert answered == ["committed"], (
-            f"{answered or 'no answer'} {took:.0f} s after the group coordinator died")
+        assert outcome == "returned", (
+            f"{outcome or 'no answer'} {time.monotonic() - killed:.0f} s after the group "
+            "coordinator died")
     finally:
         cluster3.restart(coordinator)  # type: ignore[attr-defined]  # frees a hung call
-        worker.join(30)
         consumer.close()
-        if not worker.is_alive():
-            with contextlib.suppress(Exception):
-                producer.close()
+        if call.wait(30) is not None:
+            producer.close()
