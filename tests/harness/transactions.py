@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +46,33 @@ def committed_once(config: dict[str, Any], inputs: str, outputs: str,
     return producer, consumer, metadata
 
 
+class Trace(logging.Handler):
+    """The last librdkafka debug lines about coordinators and transactions of one client,
+    for a failure message: ``config.update(Trace().config())`` before the client exists."""
+
+    FACILITIES = ("COORD", "TXNCOORD", "ADDOFFSETS", "TXNOFFSETCOMMIT", "APIRESULT", "ENDTXN",
+                  "TXNSTATE", "TXNERR", "STATE", "FAIL", "NODENAME")
+
+    def __init__(self, keep: int = 40) -> None:
+        super().__init__(logging.DEBUG)
+        self._lines: deque[str] = deque(maxlen=keep)
+        self._logger = logging.getLogger(f"tests.transactions.trace.{id(self)}")
+        self._logger.setLevel(logging.DEBUG)
+        self._logger.propagate = False
+        self._logger.addHandler(self)
+
+    def config(self) -> dict[str, Any]:
+        return {"debug": "eos,broker", "logger": self._logger}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = record.getMessage()
+        if line.startswith(self.FACILITIES):
+            self._lines.append(f"{record.created:.3f} {line[:300]}")
+
+    def tail(self) -> str:
+        return "\n".join(self._lines)
+
+
 class Call:
     """``call()`` on a daemon thread: librdkafka can leave a call blocked whatever its
     timeout, and a test must still end."""
@@ -61,7 +90,14 @@ class Call:
         except Exception as exc:  # an error is an answer too
             self.outcome = f"failed: {exc}"
 
-    def wait(self, timeout: float) -> str | None:
-        """"returned", "failed: <error>", or None while it is still blocked."""
-        self._thread.join(timeout)
+    def wait(self, timeout: float, *, serve: Callable[[float], object] | None = None
+             ) -> str | None:
+        """"returned", "failed: <error>", or None while it is still blocked. ``serve``
+        (a client's ``poll``) runs every half second meanwhile: librdkafka hands its log
+        lines over only there."""
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+            if serve is not None:
+                serve(0)
+            self._thread.join(min(left, 0.5))
         return self.outcome

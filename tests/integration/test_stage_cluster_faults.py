@@ -16,10 +16,10 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from service.contract.deadletter import ERROR_CLASS
-from tests.harness.admin import create_topic, partition_leaders
+from tests.harness.admin import create_topic, partition_leaders, wait_for_isr
 from tests.harness.reading import read_committed
 from tests.harness.stage import PARTITIONS, StageSetup, produce_inputs, stage_tree, wait_for
-from tests.harness.transactions import Call, committed_once, product_config
+from tests.harness.transactions import Call, Trace, committed_once, product_config
 from tests.harness.transforms import square_unless_big, square_unless_refused
 
 pytestmark = pytest.mark.kafka
@@ -145,11 +145,15 @@ def test_a_commit_finds_the_new_group_coordinator_when_the_old_one_dies(
     config = product_config(bootstrap, inputs, group, f"{group}.{inputs}.0")
     assert int(config.get("connections.max.idle.ms", 0)) > 0, "idle connections stay open"
     config["connections.max.idle.ms"] = 5_000
+    trace = Trace()
+    config.update(trace.config())
     producer, consumer, metadata = committed_once(config, inputs, outputs, group)
     producer.begin_transaction()
     for partition in range(3):
         producer.produce(outputs, b"during", partition=partition)
     producer.flush(30)
+    for internal in ("__consumer_offsets", "__transaction_state"):
+        wait_for_isr(bootstrap, internal, 3)  # one death leaves min.insync.replicas
     coordinator = _coordinator(bootstrap, group)
     killed = time.monotonic()
     cluster3.kill(coordinator)  # type: ignore[attr-defined]
@@ -160,12 +164,16 @@ def test_a_commit_finds_the_new_group_coordinator_when_the_old_one_dies(
         producer.send_offsets_to_transaction([TopicPartition(inputs, 0, 2)], metadata, 60)
         producer.commit_transaction(30)
 
+    # Returns in 1-5 s here: the first idle close (or an output leader's reconnection
+    # after one) reruns the coordinator lookup. One CI run took over 20 s; the hang this
+    # guards against never ends, so the bound is generous and a failure shows librdkafka's
+    # own account of the coordinators.
     call = Call(commit)
-    outcome = call.wait(20)  # 5 s of idleness, less up to 2 s of jitter, a FindCoordinator
+    outcome = call.wait(45, serve=producer.poll)
     try:
         assert outcome == "returned", (
             f"{outcome or 'no answer'} {time.monotonic() - killed:.0f} s after the group "
-            "coordinator died")
+            f"coordinator died; librdkafka's last words:\n{trace.tail()}")
     finally:
         cluster3.restart(coordinator)  # type: ignore[attr-defined]  # frees a hung call
         consumer.close()
