@@ -573,7 +573,7 @@ def broker(bootstrap: str | None, say: Callable[[str], None]) -> Iterator[str]:
     from service.local_kafka.cluster import KafkaCluster
     from service.local_kafka.jars import KAFKA_VERSION
 
-    with KafkaCluster(nodes=1) as cluster:
+    with KafkaCluster(nodes=1, jit="full") as cluster:  # C2 too, as a real broker runs
         say(f"private Kafka {KAFKA_VERSION} node at {cluster.bootstrap} "
             f"(started in {cluster.startup_seconds:.1f} s)")
         PRIVATE_LOGS[cluster.bootstrap] = (cluster.nodes[0].data, cluster.libs)

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -64,7 +65,7 @@ class KafkaCluster:
     CA made at start) at :attr:`secure_bootstrap`, and the StandardAuthorizer allows only
     what ACLs allow; :attr:`secured` has the CA and the super user's credentials (see
     :mod:`service.local_kafka.security`). :attr:`bootstrap` stays the harness's own
-    plaintext listener.
+    plaintext listener. ``jit``: see :data:`service.local_kafka.node.JIT_OPTS`.
     """
 
     def __init__(
@@ -76,12 +77,14 @@ class KafkaCluster:
         workdir: Path | None = None,
         proxied: bool = False,
         secured: bool = False,
+        jit: Literal["quick", "full"] = "quick",
     ) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self.size = nodes
         self.proxied = proxied
         self.secure = secured
+        self.jit: Literal["quick", "full"] = jit
         self.secured: Secured | None = None
         self.overrides = dict(overrides or {})
         self.startup_timeout = startup_timeout
@@ -97,12 +100,8 @@ class KafkaCluster:
     def __enter__(self) -> KafkaCluster:
         return self if self.nodes else self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
     def start(self, *, attempts: int = 3) -> KafkaCluster:
@@ -146,6 +145,7 @@ class KafkaCluster:
                 advertised_port=ports[per_node * i + 2] if self.proxied else None,
                 direct_port=ports[per_node * i + 3] if self.proxied else None,
                 secure_port=ports[per_node * i + 4] if self.secure else None,
+                jit=self.jit,
             )
             for i in range(self.size)
         ]

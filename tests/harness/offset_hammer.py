@@ -1,6 +1,7 @@
 """Asks ``service.kafka.cluster.Cluster.committed_offset`` again and again from four threads,
-for ``SECONDS``, while a test moves the group's coordinator. Run as a subprocess:
-``python -m tests.harness.offset_hammer BOOTSTRAP GROUP TOPIC SECONDS``. It prints
+while a test moves the group's coordinator, until its stdin closes (at most ``SECONDS``).
+Run as a subprocess: ``python -m tests.harness.offset_hammer BOOTSTRAP GROUP TOPIC
+SECONDS``. It prints
 how many answers and errors it got and exits 0; a crash of the client library shows as
 a death by signal (librdkafka#5040 killed the stage with SIGSEGV this way)."""
 
@@ -17,11 +18,13 @@ from service.kafka.cluster import Cluster
 def main(bootstrap: str, group: str, topic: str, seconds: float) -> int:
     cluster = Cluster({"bootstrap.servers": bootstrap, "client.id": "offset-hammer"})
     until = time.monotonic() + seconds
+    told = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), told.set()), daemon=True).start()
     counts = {"answers": 0, "errors": 0}
     lock = threading.Lock()
 
     def ask(stable: bool) -> None:
-        while time.monotonic() < until:
+        while time.monotonic() < until and not told.is_set():
             try:
                 cluster.committed_offset(group, topic, 0, require_stable=stable, timeout_s=3)
                 outcome = "answers"

@@ -501,7 +501,7 @@ def test_send_offsets_after_the_only_broker_restarted_returns(
     producer.flush(30)  # the restarted broker is up for this producer again
     offsets = [TopicPartition(topic, 0, 1)]
     call = Call(lambda: producer.send_offsets_to_transaction(offsets, metadata, 10))
-    answered = call.wait(25) is not None
+    answered = call.wait(15) is not None  # its own time-out is 10 s
     consumer.close()
     if answered:
         producer.abort_transaction(30)

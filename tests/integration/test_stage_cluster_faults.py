@@ -104,9 +104,9 @@ def test_committed_offset_lookups_survive_the_group_coordinator_moving(
     committer.close()
     tree = stage_tree()
     hammer = subprocess.Popen(
-        [sys.executable, "-m", "tests.harness.offset_hammer", bootstrap, group, topic, "45"],
-        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
+        [sys.executable, "-m", "tests.harness.offset_hammer", bootstrap, group, topic, "120"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for fault in ("kill", "pause", "kill"):
             time.sleep(3)
@@ -119,7 +119,8 @@ def test_committed_offset_lookups_survive_the_group_coordinator_moving(
                 cluster3.pause(node)  # type: ignore[attr-defined]
                 time.sleep(8)
                 cluster3.heal()  # type: ignore[attr-defined]
-        printed, _ = hammer.communicate(timeout=120)
+        time.sleep(3)  # asking on while the coordinator settles after the last restart
+        printed, _ = hammer.communicate("", timeout=120)  # its stdin closes: it stops
     finally:
         hammer.kill()
     assert hammer.returncode == 0, f"the asking process died ({hammer.returncode}):\n{printed}"
