@@ -70,6 +70,17 @@ def partition_leaders(bootstrap: str, topic: str, *, timeout: float = 10.0) -> d
     return {p: meta.leader for p, meta in sorted(described.partitions.items())}
 
 
+def group_coordinator(bootstrap: str, group: str) -> int:
+    """The group's coordinator: the leader of its __consumer_offsets partition
+    (Java's String.hashCode of the group id, modulo the partition count)."""
+    leaders = partition_leaders(bootstrap, "__consumer_offsets")
+    code = 0
+    for char in group:
+        code = (31 * code + ord(char)) & 0xFFFFFFFF
+    code = code - (1 << 32) if code >= 1 << 31 else code
+    return leaders[abs(code) % len(leaders)]
+
+
 def in_sync_replicas(bootstrap: str, topic: str, *, timeout: float = 10.0) -> dict[int, list[int]]:
     """partition -> ISR node ids, as the metadata reports them."""
     described = _metadata(bootstrap, topic, timeout).topics.get(topic)

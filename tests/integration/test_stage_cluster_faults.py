@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from service.contract.deadletter import ERROR_CLASS
-from tests.harness.admin import create_topic, partition_leaders, wait_for_isr
+from tests.harness.admin import create_topic, group_coordinator, partition_leaders, wait_for_isr
 from tests.harness.reading import read_committed
 from tests.harness.stage import PARTITIONS, StageSetup, produce_inputs, stage_tree, wait_for
 from tests.harness.transactions import Call, Trace, committed_once, product_config
@@ -76,17 +76,6 @@ def test_a_record_whose_output_the_broker_always_refuses_is_found_and_dead_lette
     assert replica.terminate() == 0
 
 
-def _coordinator(bootstrap: str, group: str) -> int:
-    """The group's coordinator: the leader of its __consumer_offsets partition
-    (Java's String.hashCode of the group id, modulo the partition count)."""
-    leaders = partition_leaders(bootstrap, "__consumer_offsets")
-    code = 0
-    for char in group:
-        code = (31 * code + ord(char)) & 0xFFFFFFFF
-    code = code - (1 << 32) if code >= 1 << 31 else code
-    return leaders[abs(code) % len(leaders)]
-
-
 def test_committed_offset_lookups_survive_the_group_coordinator_moving(
         cluster3: object, unique_name: object) -> None:
     # The stage looks up where a partition resumes (the offset committed in Kafka)
@@ -110,7 +99,7 @@ def test_committed_offset_lookups_survive_the_group_coordinator_moving(
     try:
         for fault in ("kill", "pause", "kill"):
             time.sleep(3)
-            node = _coordinator(bootstrap, group)
+            node = group_coordinator(bootstrap, group)
             if fault == "kill":
                 cluster3.kill(node)  # type: ignore[attr-defined]
                 time.sleep(6)
@@ -155,7 +144,7 @@ def test_a_commit_finds_the_new_group_coordinator_when_the_old_one_dies(
     producer.flush(30)
     for internal in ("__consumer_offsets", "__transaction_state"):
         wait_for_isr(bootstrap, internal, 3)  # one death leaves min.insync.replicas
-    coordinator = _coordinator(bootstrap, group)
+    coordinator = group_coordinator(bootstrap, group)
     killed = time.monotonic()
     cluster3.kill(coordinator)  # type: ignore[attr-defined]
     wait_for(lambda: coordinator not in producer.list_topics(timeout=5).brokers, 30,
