@@ -1,4 +1,5 @@
-"""A consumer's seek, which librdkafka may refuse for a while."""
+"""A consumer's seek, which librdkafka may refuse for a while, and the re-assignment
+that replaces a seek it refuses for good."""
 
 from __future__ import annotations
 
@@ -22,3 +23,14 @@ def seek(consumer: Consumer, tp: TopicPartition, where: Where) -> bool:
             raise translate(exc, where) from exc
         return False
     return True
+
+
+def reassign(consumer: Consumer, tp: TopicPartition, where: Where) -> None:
+    """Unassign ``tp`` and assign it again at ``tp.offset`` (incremental: the rest of
+    the assignment is untouched). librdkafka starts the fetcher there, without
+    asking the group coordinator for a committed offset."""
+    try:
+        consumer.incremental_unassign([TopicPartition(tp.topic, tp.partition)])
+        consumer.incremental_assign([tp])
+    except KafkaException as exc:
+        raise translate(exc, where) from exc

@@ -138,7 +138,7 @@ class Loop(Batch, Positions, Reports, Housekeeping):
 
     def tick(self, now: float) -> None:
         policy = self.policy
-        self._retry_seeks()
+        self._retry_seeks(now)
         for partition in list(self.partitions.values()):
             state = partition.state
             if partition.batch_records:

@@ -36,6 +36,7 @@ class Partition:
         "releasing",
         "saved",
         "seek_batch",
+        "seek_refused_since",
         "seek_to",
         "sought",
         "stalled_warned",
@@ -60,6 +61,7 @@ class Partition:
         # stays paused); then whether its first record is still to be checked (it must be
         # at ``position``).
         self.seek_to: int | None = None
+        self.seek_refused_since: float | None = None  # tick time of the first refusal
         self.sought = -1                  # the offset last sought (< 0: none was committed)
         # Nothing committed and auto.offset.reset=latest: the first record's offset,
         # sought instead of the end while nothing is committed (Loop._check_first).

@@ -4,6 +4,7 @@ landed and the first record checked against it."""
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import structlog
 from confluent_kafka import (
@@ -17,7 +18,7 @@ from service.errors import (
     RetriableError,
     Where,
 )
-from service.kafka.seek import seek
+from service.kafka.seek import reassign, seek
 from service.stage import machine as sm
 from service.stage.guarantees.guarantee import Job
 from service.stage.loop_state import LoopState
@@ -81,15 +82,50 @@ class Positions(LoopState):
             self.consumer.pause([partition.tp])  # until the seek lands (tick retries it)
             partition.refresh_flowing()
             return False
-        partition.seek_to = None
+        partition.seek_to = partition.seek_refused_since = None
         partition.refresh_flowing()
         return True
 
-    def _retry_seeks(self) -> None:
+    def _retry_seeks(self, now: float) -> None:
         for partition in self.partitions.values():
-            if partition.seek_to is not None and not partition.releasing \
-                    and self._land_seek(partition) and not partition.state.paused:
+            if partition.seek_to is None or partition.releasing:
+                continue
+            if not self._land_seek(partition):
+                since = partition.seek_refused_since
+                if since is None:
+                    partition.seek_refused_since = now
+                    continue
+                stall_s = self.fetch_watch.stall_after_s  # 0: the watch is off
+                if stall_s <= 0 or now - since < stall_s:
+                    continue
+                self._reassign(partition, now)
+            if not partition.state.paused:
                 self.consumer.resume([partition.tp])
+
+    def _reassign(self, partition: Partition, now: float) -> None:
+        """A seek refused for longer than TXSTAGE_FETCH_STALL_S: librdkafka never
+        started the partition's fetcher. Its own committed-offset query (OffsetFetch)
+        can fail as a whole with NOT_COORDINATOR and is then never retried, which
+        leaves the partition assigned and unfetched for good (librdkafka#5586). The
+        remedy is librdkafka's own: assign the partition afresh, here at the offset
+        Kafka committed (the stage's lookup), so no query of librdkafka's is needed
+        and the fetcher starts there. The partition stays paused until the caller
+        resumes it, and its first record is checked as after any seek."""
+        offset = cast(int, partition.seek_to)
+        refused_s = now - cast(float, partition.seek_refused_since)
+        log.warning("partition.reassigned", topic=partition.topic,
+                    partition=partition.partition, offset=offset, refused_s=round(refused_s, 1),
+                    note="librdkafka refused every seek: its fetcher never started "
+                         "(librdkafka#5586); the partition is assigned afresh at the "
+                         "committed offset")
+        self.metrics.fetch_stalls.inc()
+        target = offset if offset >= 0 else self._no_offset
+        where = Where("reassign", None, partition.topic, partition.partition, offset)
+        reassign(self.consumer, TopicPartition(partition.topic, partition.partition, target),
+                 where)
+        self.consumer.pause([partition.tp])
+        partition.seek_to = partition.seek_refused_since = None
+        partition.refresh_flowing()
 
     def _check_first(self, partition: Partition, offset: int) -> bool:
         """The first record after a seek to ``partition.position``; False when it came

@@ -1,7 +1,9 @@
 """Where a partition resumes: the stage's own lookup of the committed offset answers
 before librdkafka's (held by the fault proxy), so the seek is refused with _STATE
 (not fetching yet). The partition must stay paused and be sought again until the
-seek lands, then process exactly once from the committed offset.
+seek lands, then process exactly once from the committed offset; a seek refused
+for longer than TXSTAGE_FETCH_STALL_S (librdkafka's query never answered) is replaced
+by assigning the partition afresh at that offset.
 
 The old stage took the refusal to mean "librdkafka starts from the committed offset
 itself" and resumed at once, leaving librdkafka's application position as it was
@@ -86,3 +88,41 @@ def test_from_the_end_an_abort_before_the_first_commit_reads_its_records_again(
     assert squares == sorted(v * v for v in range(400, 1200) if v not in refused), \
         f"{len(squares)} outputs of {800 - len(refused)}"
     assert len(read_topic(stage.bootstrap, stage.dlq_topic)) == len(refused)
+
+
+
+@pytest.mark.parametrize("stage_on", ["classic"], indirect=True)  # (session: see below)
+def test_a_seek_refused_past_the_fetch_stall_time_is_replaced_by_a_fresh_assignment(
+        proxied_kafka: ProxiedKafka, stage_on: Callable[[KafkaService], StageSetup]) -> None:
+    # CI (leader kill, classic protocol): librdkafka's committed-offset query for a new
+    # assignment met a broker that had just stopped coordinating the group; it answered
+    # NOT_COORDINATOR for the whole request, which librdkafka never retries
+    # (librdkafka#5586). Every seek was refused for the rest of the run and the
+    # partitions stayed paused, unfetched, where the fetch watch does not look. Here that
+    # query is held at the proxy for longer than the test runs: the old stage processed
+    # nothing until it was answered. The stage's own lookup answers; after
+    # TXSTAGE_FETCH_STALL_S of refused seeks it assigns each partition afresh at the
+    # committed offset. (Heartbeats wait behind the held query on the coordinator's
+    # connection: the replica's session outlasts it, which only the classic protocol
+    # lets a client choose.)
+    stage = stage_on(proxied_kafka)
+    proxy = proxied_kafka.proxy
+    produce_inputs(proxied_kafka.direct_bootstrap, stage.input_topic, range(400), PARTITIONS)
+    held = proxy.delay_request(Api.OFFSET_FETCH, 120.0, count=1,
+                               client_id="txstage-*-consumer-*[0-9]")  # not its -offsets
+    replica = stage.replica("a", TXSTAGE_FETCH_STALL_S="5",
+                            TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS="180000")
+    try:
+        wait_for(lambda: bool(proxy.applied_to(held)), 30, "librdkafka's offset query held",
+                 stage.logs)
+        stage.wait_committed(60)
+        assert [record.released_at for record in proxy.applied_to(held)] == [None], \
+            "processed only once librdkafka's own query was answered"
+        assert replica.events("partition.reassigned")
+    finally:
+        proxy.clear(held)
+    produce_inputs(proxied_kafka.direct_bootstrap, stage.input_topic, range(400, 600),
+                   PARTITIONS)
+    stage.wait_committed(60)
+    stage.assert_exactly_once()
+    assert replica.terminate() == 0

@@ -62,6 +62,13 @@ class ScriptedConsumer:
     def pause(self, tps: list[TopicPartition]) -> None:
         self.calls.append(("pause", tps[0].partition))
 
+    def incremental_unassign(self, tps: list[TopicPartition]) -> None:
+        self.calls.append(("unassign", tps[0].partition))
+
+    def incremental_assign(self, tps: list[TopicPartition]) -> None:
+        self.refuse_seeks = 0  # a fresh assignment at an offset: the fetcher starts there
+        self.calls.append(("assign at", tps[0].offset))
+
     def resume(self, tps: list[TopicPartition]) -> None:
         self.calls.append(("resume", tps[0].partition))
 
@@ -130,6 +137,51 @@ def test_a_refused_seek_keeps_the_partition_paused_until_it_lands() -> None:
     loop.tick(2.0)
     assert consumer.calls[-2:] == [("seek", 2810), ("resume", 0)]
     assert partition.seek_to is None
+
+
+def test_a_seek_refused_past_the_fetch_stall_time_assigns_the_partition_afresh() -> None:
+    # CI: a group coordinator killed as partitions were assigned. librdkafka's own
+    # committed-offset query failed as a whole (NOT_COORDINATOR) and was never retried
+    # (librdkafka#5586): every seek was refused for the rest of the run, the partition
+    # stayed paused and the fetch watch, which skips paused partitions, never saw it.
+    consumer = ScriptedConsumer(refuse_seeks=1_000_000)
+    loop, _, partition = make_loop(consumer, TXSTAGE_FETCH_STALL_S="10")
+    positioned(loop, partition, 2810)
+    loop.tick(1.0)   # refused since 1.0
+    loop.tick(10.9)
+    assert ("unassign", 0) not in consumer.calls, "refused for less than 10 s"
+    assert partition.seek_to == 2810
+    loop.tick(11.0)
+    assert consumer.calls[-4:] == [("unassign", 0), ("assign at", 2810), ("pause", 0),
+                                   ("resume", 0)]
+    assert partition.seek_to is None and partition.check_first
+    loop.tick(30.0)
+    assert consumer.calls.count(("unassign", 0)) == 1, "assigned afresh once"
+
+
+def test_with_the_fetch_watch_off_a_refused_seek_is_only_retried() -> None:
+    consumer = ScriptedConsumer(refuse_seeks=1_000_000)
+    loop, _, partition = make_loop(consumer, TXSTAGE_FETCH_STALL_S="0")
+    positioned(loop, partition, 2810)
+    for now in (1.0, 100.0, 1000.0):
+        loop.tick(now)
+    assert ("unassign", 0) not in consumer.calls
+    assert partition.seek_to == 2810
+
+
+def test_a_seek_that_lands_late_resets_the_refusal_clock() -> None:
+    consumer = ScriptedConsumer(refuse_seeks=2)
+    loop, _, partition = make_loop(consumer, TXSTAGE_FETCH_STALL_S="10")
+    positioned(loop, partition, 2810)   # refused
+    loop.tick(1.0)                      # refused, since 1.0
+    loop.tick(2.0)                      # lands
+    consumer.refuse_seeks = 1_000_000
+    loop._seek(partition, 3000)         # sought again (a rewind, a fetch restart): refused
+    loop.tick(12.0)                     # the clock starts here, not at 1.0
+    loop.tick(21.0)
+    assert ("unassign", 0) not in consumer.calls
+    loop.tick(22.0)
+    assert ("assign at", 3000) in consumer.calls
 
 
 def test_records_fetched_before_a_seek_are_not_processed_after_it() -> None:
