@@ -6,7 +6,7 @@ from __future__ import annotations
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from service.errors import Where
-from service.kafka.errors import kafka_error, translate
+from service.kafka.errors import kafka_error, translate, translated
 
 # The partition is not fetched yet (just assigned) or a seek is still in progress.
 _NOT_YET = frozenset({KafkaError._STATE, KafkaError._PREV_IN_PROGRESS})
@@ -29,8 +29,6 @@ def reassign(consumer: Consumer, tp: TopicPartition, where: Where) -> None:
     """Unassign ``tp`` and assign it again at ``tp.offset`` (incremental: the rest of
     the assignment is untouched). librdkafka starts the fetcher there, without
     asking the group coordinator for a committed offset."""
-    try:
+    with translated(where):
         consumer.incremental_unassign([TopicPartition(tp.topic, tp.partition)])
         consumer.incremental_assign([tp])
-    except KafkaException as exc:
-        raise translate(exc, where) from exc
