@@ -2,7 +2,7 @@
 only, and replicas scaling while offsets are committed. Duplicates are allowed in
 this mode; loss, foreign outputs, lag and replicas dying are not.
 
-Takes ≈ 140 s (2 cores; make test, 2026-11-27)."""
+Takes ≈ 140 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 

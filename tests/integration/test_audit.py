@@ -3,7 +3,7 @@ stage runs and its input grows, and each planted violation found — a duplicate
 a lost input (offsets committed past it, no output), an output without an input, and a
 transaction a stopped foreign producer leaves open on an output partition.
 
-Takes ≈ 40 s (2 cores; make test, 2026-11-27)."""
+Takes ≈ 36 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 

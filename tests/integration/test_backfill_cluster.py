@@ -8,7 +8,7 @@ classpath (the tasks read and write Kafka with librdkafka). The job must write e
 input's outputs exactly once, with tasks on both workers, and a second run must write
 nothing.
 
-Takes ≈ 45 s (2 cores; make test, 2026-11-27).
+Takes ≈ 38 s (2 cores; make test, 2026-11-28).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The round trips are checked against the real stage's outputs by lineage: the JSO
 enrichment transform must give the stream's bytes from Kafka → Parquet and from the
 "lake" (the input topic dumped to Parquet) → Kafka.
 
-Takes ≈ 70 s (2 cores; make test, 2026-11-28).
+Takes ≈ 64 s (2 cores; make test, 2026-11-28).
 """
 
 from __future__ import annotations

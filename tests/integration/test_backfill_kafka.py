@@ -4,7 +4,7 @@ Every check is by lineage (service.backfill.parity): the backfill's outputs agai
 real stage's outputs for the same input (renamed topics aside), or against what the
 transform makes of the input read back read_committed.
 
-Takes ≈ 160 s (2 cores; make test, 2026-11-28).
+Takes ≈ 150 s (2 cores; make test, 2026-11-28).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ transaction markers and aborted records are nothing left; a committed record is;
 an open transaction in the range makes the answer "not known yet" (its first offset).
 No Spark.
 
-Takes ≈ 1 s (2 cores; make test, 2026-11-27).
+Takes ≈ 1 s (2 cores; make test, 2026-11-28).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``bench.throughput --broker-profile``: Java Flight Recorder on the real broker JVM
 finds the transactional produce requests a client sent while it recorded.
 
-Takes ≈ 2 s (2 cores; make test, 2026-11-27)."""
+Takes ≈ 2 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The test broker is real Apache Kafka: transactions, fencing and transactional offset
 commits behave as the exactly-once design relies on, seen through confluent-kafka.
 
-Takes ≈ 77 s (2 cores; make test, 2026-11-27)."""
+Takes ≈ 78 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 touched; a poison record without a dead-letter topic fails the replica (exit 3)
 after bounded retries, with the record's coordinates in the log.
 
-Takes ≈ 39 s (2 cores; make test, 2026-11-27)."""
+Takes ≈ 44 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ it is about stopping, with the replicas still alive and a clean SIGTERM.
 
 Each test names, in a comment, what the stage before the rebuild did wrong.
 
-Takes ≈ 360 s (2 cores; make test, 2026-11-28).
+Takes ≈ 355 s (2 cores; make test, 2026-11-28).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ queue holds 100 KB, so every fetch (up to 1 MB) fills it and the stall comes aft
 each one: 20.4 s for the 20 MB below with librdkafka's default, 0.7 s with the stage's.
 The operator tools' reader (``txstage audit``, ``txstage redrive``) fetches the same way.
 
-Takes ≈ 1 s (2 cores; make test, 2026-11-27).
+Takes ≈ 1 s (2 cores; make test, 2026-11-28).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ must not stall the others. ``TXSTAGE_TEST_STAGE_TREE=/path/to/other/tree`` runs 
 replicas from another source tree (see tests/harness/stage.py), which is how it
 was shown to fail on the stage before the rebuild.
 
-Takes ≈ 150 s (2 cores; make test, 2026-11-28).
+Takes ≈ 140 s (2 cores; make test, 2026-11-28).
 """
 
 from __future__ import annotations

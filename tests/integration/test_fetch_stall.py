@@ -10,7 +10,7 @@ another thread, then writes more input. The stage runs in this process, so the t
 can reach its consumer. Without the fetch watch (``TXSTAGE_FETCH_STALL_S=0``, or the
 code before it) that partition never moves again and the wait below times out.
 
-Takes ≈ 67 s (2 cores; make test, 2026-11-27).
+Takes ≈ 67 s (2 cores; make test, 2026-11-28).
 """
 
 from __future__ import annotations

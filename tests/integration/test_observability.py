@@ -1,6 +1,6 @@
 """What an operator sees, scraped over real HTTP from a replica on a real broker.
 
-Takes ≈ 81 s (2 cores; make test, 2026-11-27)."""
+Takes ≈ 86 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ itself" and resumed at once, leaving librdkafka's application position as it was
 (see docs/state-machine.md, "A seek is checked, not trusted"; the scripted cases are
 in tests/unit/test_positioning.py).
 
-Takes ≈ 62 s (2 cores; make test, 2026-11-27)."""
+Takes ≈ 72 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 it and a ``wait`` for the stage after it, and gives ``txstage kafka up`` a cache of its
 own (the installed jars, fresh data), so the broker it starts is new.
 
-Takes ≈ 10 s (2 cores; make test, 2026-11-27)."""
+Takes ≈ 9 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 

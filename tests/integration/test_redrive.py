@@ -3,7 +3,7 @@ redriven after the fix, give exactly the outputs the fixed stream would have giv
 ``txstage audit`` checks by lineage); a second run, and a run killed halfway then
 resumed, write nothing twice; letters that fail again go back with an attempt count.
 
-Takes ≈ 49 s (2 cores; make test, 2026-11-27)."""
+Takes ≈ 54 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 

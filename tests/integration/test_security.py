@@ -5,7 +5,7 @@ One secured broker for the module (``secured_kafka``); each test gets a user, to
 group of its own. The harness creates topics, feeds input and verifies output through the
 broker's plaintext super-user listener; the stage only ever sees the SASL_SSL one.
 
-Takes ≈ 75 s (2 cores; make test, 2026-11-28).
+Takes ≈ 58 s (2 cores; make test, 2026-11-28).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 cluster (RF 3, min.insync.replicas 2) while the stage runs, and the group's coordinator
 killed under a commit and under committed-offset lookups.
 
-Takes ≈ 190 s (2 cores; make test, 2026-11-28)."""
+Takes ≈ 135 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 

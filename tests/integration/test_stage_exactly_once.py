@@ -1,7 +1,7 @@
 """The stage against a real broker: every scenario ends with the lineage check
 (V1-V5, service/tools/verify.py) over everything read back read_committed.
 
-Takes ≈ 110 s (2 cores; make test, 2026-11-27)."""
+Takes ≈ 115 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Stalls and broker faults: the transaction or the poll interval times out, the
 broker dies and comes back; output stays exactly once.
 
-Takes ≈ 140 s (2 cores; make test, 2026-11-28)."""
+Takes ≈ 135 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 

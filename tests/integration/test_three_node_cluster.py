@@ -1,7 +1,7 @@
 """A 3-node KRaft cluster (RF 3, min.insync.replicas 2) keeps taking transactional writes
 while one node is SIGKILLed, and the node rejoins the ISR after the harness restarts it.
 
-Takes ≈ 28 s (2 cores; make test, 2026-11-27)."""
+Takes ≈ 30 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ output topic deleted at run time made the stage abort the same transactions for 
 
 About 85 s.
 
-Takes ≈ 59 s (2 cores; make test, 2026-11-27).
+Takes ≈ 45 s (2 cores; make test, 2026-11-28).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``txstage topics`` against a real broker: the stage's topics made from its settings,
 once (a second run leaves them as they are); lines produced into one and read back.
 
-Takes ≈ 8 s (2 cores; make test, 2026-11-27)."""
+Takes ≈ 3 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 

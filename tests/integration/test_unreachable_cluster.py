@@ -3,7 +3,7 @@ about one line per start-up attempt, then one config-error line and exit 2
 (issue 31: ``txstage run`` printed 2,338 lines in 128 s, ``check-config`` 293 in
 15.5 s). Real CLI processes against a closed port on 127.0.0.1; no broker.
 
-Takes ≈ 35 s (2 cores; make test, 2026-11-28)."""
+Takes ≈ 33 s (2 cores; make test, 2026-11-28)."""
 
 from __future__ import annotations
 
