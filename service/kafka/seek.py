@@ -25,10 +25,10 @@ def seek(consumer: Consumer, tp: TopicPartition, where: Where) -> bool:
     return True
 
 
-def reassign(consumer: Consumer, tp: TopicPartition, where: Where) -> None:
-    """Unassign ``tp`` and assign it again at ``tp.offset`` (incremental: the rest of
-    the assignment is untouched). librdkafka starts the fetcher there, without
-    asking the group coordinator for a committed offset."""
+def reassign(consumer: Consumer, tps: list[TopicPartition], where: Where) -> None:
+    """Unassign ``tps`` and assign them again, each at its ``offset`` (incremental: the
+    rest of the assignment is untouched). librdkafka starts their fetchers there,
+    without asking the group coordinator for committed offsets."""
     with translated(where):
-        consumer.incremental_unassign([TopicPartition(tp.topic, tp.partition)])
-        consumer.incremental_assign([tp])
+        consumer.incremental_unassign([TopicPartition(tp.topic, tp.partition) for tp in tps])
+        consumer.incremental_assign(tps)

@@ -87,45 +87,55 @@ class Positions(LoopState):
         return True
 
     def _retry_seeks(self, now: float) -> None:
+        refused: list[Partition] = []
+        stall_s = self.fetch_watch.stall_after_s  # 0: the watch is off
         for partition in self.partitions.values():
             if partition.seek_to is None or partition.releasing:
                 continue
-            if not self._land_seek(partition):
-                since = partition.seek_refused_since
-                if since is None:
-                    partition.seek_refused_since = now
-                    continue
-                stall_s = self.fetch_watch.stall_after_s  # 0: the watch is off
-                if stall_s <= 0 or now - since < stall_s:
-                    continue
-                self._reassign(partition, now)
-            if not partition.state.paused:
-                self.consumer.resume([partition.tp])
+            if self._land_seek(partition):
+                if not partition.state.paused:
+                    self.consumer.resume([partition.tp])
+            elif partition.seek_refused_since is None:
+                partition.seek_refused_since = now
+            elif stall_s > 0 and now - partition.seek_refused_since >= stall_s:
+                refused.append(partition)
+        if refused:
+            self._reassign(refused, now)
 
-    def _reassign(self, partition: Partition, now: float) -> None:
-        """A seek refused for longer than TXSTAGE_FETCH_STALL_S: librdkafka never
-        started the partition's fetcher. Its own committed-offset query (OffsetFetch)
+    def _reassign(self, partitions: list[Partition], now: float) -> None:
+        """Seeks refused for longer than TXSTAGE_FETCH_STALL_S: librdkafka never
+        started these partitions' fetchers. Its own committed-offset query (OffsetFetch)
         can fail as a whole with NOT_COORDINATOR and is then never retried, which
-        leaves the partition assigned and unfetched for good (librdkafka#5586). The
-        remedy is librdkafka's own: assign the partition afresh, here at the offset
-        Kafka committed (the stage's lookup), so no query of librdkafka's is needed
-        and the fetcher starts there. The partition stays paused until the caller
-        resumes it, and its first record is checked as after any seek."""
-        offset = cast(int, partition.seek_to)
-        refused_s = now - cast(float, partition.seek_refused_since)
-        log.warning("partition.reassigned", topic=partition.topic,
-                    partition=partition.partition, offset=offset, refused_s=round(refused_s, 1),
-                    note="librdkafka refused every seek: its fetcher never started "
-                         "(librdkafka#5586); the partition is assigned afresh at the "
-                         "committed offset")
-        self.metrics.fetch_stalls.inc()
-        target = offset if offset >= 0 else self._no_offset
-        where = Where("reassign", None, partition.topic, partition.partition, offset)
-        reassign(self.consumer, TopicPartition(partition.topic, partition.partition, target),
-                 where)
-        self.consumer.pause([partition.tp])
-        partition.seek_to = partition.seek_refused_since = None
-        partition.refresh_flowing()
+        leaves a partition assigned and unfetched for good (librdkafka#5586). The
+        remedy is librdkafka's own: assign them afresh, here at the offsets Kafka
+        committed (the stage's lookups), so librdkafka asks the coordinator nothing
+        and starts each fetcher there.
+
+        All in one unassign and one assign: each bumps librdkafka's assignment
+        version, which drops an offset query still out for other partitions. They
+        stay paused (librdkafka keeps an application's pause across an unassign) and
+        their seeks stay pending: the next tick's lands on the started fetcher, which
+        also clears librdkafka's application position (a pause would move the
+        fetcher there; see _seek). A failure of these calls leaves librdkafka's
+        assignment unlike the stage's: it is fatal, and the replica's restart assigns
+        everything afresh. A rebalance librdkafka has queued but not yet called back
+        (the window is one tick) would take these calls as the application's answer
+        (rdkafka_cgrp.c); its callbacks still run, and fencing keeps every output
+        exactly once."""
+        targets = []
+        for partition in partitions:
+            offset = cast(int, partition.seek_to)
+            log.warning("partition.reassigned", topic=partition.topic,
+                        partition=partition.partition, offset=offset,
+                        refused_s=round(now - cast(float, partition.seek_refused_since), 1),
+                        note="librdkafka refused every seek: its fetcher never started "
+                             "(librdkafka#5586); the partition is assigned afresh at the "
+                             "committed offset")
+            self.metrics.fetch_stalls.inc()
+            partition.seek_refused_since = None  # still refused: the clock starts again
+            targets.append(TopicPartition(partition.topic, partition.partition,
+                                          offset if offset >= 0 else self._no_offset))
+        reassign(self.consumer, targets, Where("reassign"))
 
     def _check_first(self, partition: Partition, offset: int) -> bool:
         """The first record after a seek to ``partition.position``; False when it came

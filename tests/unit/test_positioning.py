@@ -63,11 +63,11 @@ class ScriptedConsumer:
         self.calls.append(("pause", tps[0].partition))
 
     def incremental_unassign(self, tps: list[TopicPartition]) -> None:
-        self.calls.append(("unassign", tps[0].partition))
+        self.calls.extend(("unassign", tp.partition) for tp in tps)
 
     def incremental_assign(self, tps: list[TopicPartition]) -> None:
         self.refuse_seeks = 0  # a fresh assignment at an offset: the fetcher starts there
-        self.calls.append(("assign at", tps[0].offset))
+        self.calls.extend(("assign at", tp.offset) for tp in tps)
 
     def resume(self, tps: list[TopicPartition]) -> None:
         self.calls.append(("resume", tps[0].partition))
@@ -150,13 +150,31 @@ def test_a_seek_refused_past_the_fetch_stall_time_assigns_the_partition_afresh()
     loop.tick(1.0)   # refused since 1.0
     loop.tick(10.9)
     assert ("unassign", 0) not in consumer.calls, "refused for less than 10 s"
-    assert partition.seek_to == 2810
     loop.tick(11.0)
-    assert consumer.calls[-4:] == [("unassign", 0), ("assign at", 2810), ("pause", 0),
-                                   ("resume", 0)]
+    assert consumer.calls[-2:] == [("unassign", 0), ("assign at", 2810)]
+    assert ("pause", 0) not in consumer.calls[-2:], "a pause would move the fetcher (see _seek)"
+    assert partition.seek_to == 2810, "the seek lands next, on the fetcher started there"
+    loop.tick(11.5)
+    assert consumer.calls[-2:] == [("seek", 2810), ("resume", 0)]
     assert partition.seek_to is None and partition.check_first
     loop.tick(30.0)
     assert consumer.calls.count(("unassign", 0)) == 1, "assigned afresh once"
+
+
+def test_partitions_refused_together_are_assigned_afresh_in_one_call() -> None:
+    # Every unassign or assign bumps librdkafka's assignment version, which drops an
+    # offset query still out for the other partitions: one call for all of them.
+    consumer = ScriptedConsumer(refuse_seeks=1_000_000)
+    loop, _, first = make_loop(consumer, TXSTAGE_FETCH_STALL_S="10")
+    second = Partition(TOPIC, 1)
+    second.state = sm.PartitionState(sm.Phase.POSITIONING)
+    loop.partitions[second.key] = second
+    positioned(loop, first, 2810)
+    positioned(loop, second, 77)
+    loop.tick(1.0)
+    loop.tick(11.0)
+    assert consumer.calls[-4:] == [("unassign", 0), ("unassign", 1),
+                                   ("assign at", 2810), ("assign at", 77)]
 
 
 def test_with_the_fetch_watch_off_a_refused_seek_is_only_retried() -> None:
