@@ -137,6 +137,10 @@ class Settings(BaseSettings):
     transactional_id_prefix: str = ""
     transaction_timeout_ms: int = Field(60_000, gt=0)
     batch_size: int = Field(500, gt=0, le=100_000)
+    # Records consumed but not processed yet (a partition committing, or a batch handed
+    # back at the poll-gap bound), in bytes: per replica, and per partition.
+    held_max_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024)
+    held_partition_max_bytes: int = Field(16 * 1024 * 1024, ge=1024 * 1024)
     poll_timeout_ms: int = Field(100, gt=0)
     max_record_attempts: int = Field(5, gt=0)
     retry_backoff_ms: int = Field(200, ge=0)

@@ -208,6 +208,30 @@ class Metrics:
             "moving (an open transaction that long), per input and output partition",
             ["role", "topic", "partition"], registry=registry,
         )
+        self.held_records = Gauge(
+            "txstage_held_records",
+            "Input records consumed and not processed yet (a partition committing, or a "
+            "batch handed back at the poll-gap bound), on this replica", registry=registry,
+        )
+        self.held_bytes = Gauge(
+            "txstage_held_bytes",
+            "Bytes (key, value, headers) of the held input records, on this replica",
+            registry=registry,
+        )
+        self.poll_gap_yields = Counter(
+            "txstage_poll_gap_yields",
+            "Batches ended at the poll-gap bound, their rest held for the next iterations",
+            registry=registry,
+        )
+        self.seconds_since_poll = Gauge(
+            "txstage_seconds_since_poll",
+            "Seconds since the consumer loop last returned from consume(), read at scrape "
+            "time (a replica past max.poll.interval.ms leaves the group)", registry=registry,
+        )
+        self.max_poll_interval = Gauge(
+            "txstage_max_poll_interval_seconds",
+            "The consumer's max.poll.interval.ms, in seconds", registry=registry,
+        )
         self.transaction_states = TransactionStates()  # service/observability/txn_states.py
         registry.register(self.transaction_states)
         # librdkafka's default until the stage reports its configured value, so the

@@ -4,7 +4,8 @@ the guarantee, with the clock looked at between records (checkpoints)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from itertools import chain
 
 import structlog
 from confluent_kafka import (
@@ -67,7 +68,9 @@ class Batch(LoopState):
         that fills its transaction ends too. A checkpoint writes the run, starts the
         commits that are due (their partitions hold the rest of their records) and
         beats the heartbeat; when the replica is stopping, it ends the batch: what
-        was processed is released by the stop, the rest is left to the next owner."""
+        was processed is released by the stop, the rest is left to the next owner.
+        Past ``yield_at`` (the poll-gap bound) it ends the batch too, and the rest is
+        held by its partitions, in order, for the next iterations (``_hand_back``)."""
         partitions = self.partitions
         transform, max_bytes = self.transform, self.limits.lookup
         default_topic, dlq_topic = self.settings.output_topic, self.settings.dlq_topic or None
@@ -77,14 +80,20 @@ class Batch(LoopState):
         run: list[Processed] = []
         consumed = position = 0         # position: the owner's next offset, as of the run
         room = _NO_LIMIT                # records the owner's transaction may still take
-        finished, check_at = now, self._next_checkpoint(now)  # the clock after each record
-        for msg in messages:
+        yield_at = self.yield_at  # the poll-gap bound: back to consume() by then
+        finished = now  # the clock after each record
+        check_at = min(self._next_checkpoint(now), yield_at)
+        rest = iter(messages)
+        for msg in rest:
             if finished >= check_at or len(run) >= room or self.stopping:
                 consumed += self._write_run(owner, run, now)
                 owner, now, room = None, clock(), _NO_LIMIT
                 if self._checkpoint(now):
                     break  # stopping: the rest is left to the next owner
-                check_at = self._next_checkpoint(now)
+                if now >= yield_at:
+                    self._hand_back(msg, rest, saved)
+                    break
+                check_at = min(self._next_checkpoint(now), yield_at)
             error = msg.error()
             if error is not None:
                 consumed += self._write_run(owner, run, now)
@@ -97,7 +106,7 @@ class Batch(LoopState):
             if partition is not owner:
                 consumed += self._write_run(owner, run, now)
                 owner = None
-                if not partition.flowing or saved:
+                if not partition.flowing or saved or partition.held:
                     consumed += self._one(partition, msg, now, saved)
                     finished = clock()
                     continue
@@ -206,10 +215,9 @@ class Batch(LoopState):
         transform already ran on it, instead of running the transform again."""
         offset: int = msg.offset()  # type: ignore[assignment]
         state = partition.state
-        if offset < partition.position or partition.seek_to is not None \
-                or partition.seek_batch == self._batch:
-            return False  # a stale fetch from before a seek
-        if state.holding:
+        if self._stale(partition, offset):
+            return False
+        if state.holding or partition.held:  # after the records held before it
             self._hold(partition, msg, saved)
             return False
         if state.phase is not sm.Phase.ACTIVE or (
@@ -273,23 +281,95 @@ class Batch(LoopState):
             self.dispatch(partition, sm.TopicUnknown(exc.topic))
             self._hold(partition, msg)
 
+    def _stale(self, partition: Partition, offset: int) -> bool:
+        """A record fetched before the partition's last seek: it is read again."""
+        return offset < partition.position or partition.seek_to is not None \
+            or partition.seek_batch == self._batch
+
+    def _hand_back(self, first: Message, rest: Iterator[Message],
+                   saved: dict[int, list[Output]] | None) -> None:
+        """The poll-gap bound ends the batch at ``first``: it and the rest are held by
+        their partitions, in order (a record the partition would not process now, as
+        ``_one`` decides, is dropped: it is read again after its seek), and are
+        processed first once the loop has been back to consume()."""
+        partitions = self.partitions
+        for msg in chain((first,), rest):
+            if msg.error() is not None:
+                self._consume_error(msg.error(), msg)  # type: ignore[arg-type]
+                continue
+            partition = partitions.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
+            if partition is None or self._stale(partition, msg.offset()):  # type: ignore[arg-type]
+                continue
+            state = partition.state
+            if state.holding or partition.held or (state.phase is sm.Phase.ACTIVE and not (
+                    state.pauses and sm.Pause.BACKOFF in state.pauses)):
+                self._hold(partition, msg, saved)
+        self.metrics.poll_gap_yields.inc()
+
     def _hold(self, partition: Partition, msg: Message,
               saved: dict[int, list[Output]] | None = None) -> None:
         """Hold a record, in order, with what the transform already yielded for it
-        (``saved``, when a held record is held again: it is not transformed twice)."""
+        (``saved``, when a held record is held again: it is not transformed twice).
+        At the first limit reached (records or bytes held by the partition, or bytes
+        held by the replica) the partition stops fetching until they are processed."""
         if saved:
             yielded = saved.pop(msg.offset(), None)  # type: ignore[arg-type]
             if yielded is not None:
                 partition.saved[msg.offset()] = yielded  # type: ignore[index]
-        partition.held.append(msg)
-        if len(partition.held) == self.policy.backlog_limit:
+        held = partition.held
+        if not held:
+            partition.held_since = time.monotonic()
+        held.append(msg)
+        size = held_size(msg)
+        partition.held_bytes += size
+        self.held_bytes += size
+        policy = self.policy
+        if (len(held) >= policy.backlog_limit
+                or partition.held_bytes >= policy.held_partition_max_bytes
+                or self.held_bytes >= policy.held_max_bytes) \
+                and sm.Pause.BACKLOG not in partition.state.pauses:
             self.dispatch(partition, sm.BacklogFull())
+
+    def _take_held(self, partition: Partition) -> tuple[list[Message], dict[int, list[Output]]]:
+        """The partition's held records and saved outputs, no longer counted as held."""
+        held, partition.held = partition.held, []
+        saved, partition.saved = partition.saved, {}
+        self.held_bytes -= partition.held_bytes
+        partition.held_bytes = 0
+        return held, saved
+
+    def _drain(self, partition: Partition) -> None:
+        """Process what the partition holds (before anything fetched later), as far as
+        the poll-gap bound allows; the rest stays held, in order. Once below the
+        limits, an active partition fetches again."""
+        if partition.releasing or not partition.held:
+            return
+        if time.monotonic() < self.yield_at:
+            held, saved = self._take_held(partition)
+            self.process(held, time.monotonic(), saved)
+        state = partition.state
+        policy = self.policy
+        if state.pauses and sm.Pause.BACKLOG in state.pauses and state.phase is sm.Phase.ACTIVE \
+                and len(partition.held) < policy.backlog_limit \
+                and partition.held_bytes < policy.held_partition_max_bytes \
+                and self.held_bytes < policy.held_max_bytes:
+            self.dispatch(partition, sm.BacklogDrained())
 
     def _tell_written(self, partition: Partition) -> None:
         event = sm.Wrote(partition.batch_first, partition.batch_next, partition.batch_records,
                          partition.batch_since, partition.batch_first_ts, partition.batch_last_ts)
         partition.batch_records = 0
         partition.state, _ = sm.transition(partition.state, event, self.policy)
+
+
+def held_size(msg: Message) -> int:
+    """A held record's bytes: its key, value and headers."""
+    size = len(msg.value() or b"") + len(msg.key() or b"")
+    headers: list[tuple[str, bytes | None]] | None = msg.headers()  # type: ignore[assignment]
+    if headers:
+        for name, value in headers:
+            size += len(name) + len(value or b"")
+    return size
 
 
 def _advance(partition: Partition, first: Record, last: Record, records: int,

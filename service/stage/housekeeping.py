@@ -38,6 +38,8 @@ class Housekeeping(LoopState):
             self._watch_fetching(now)
         self.metrics.oldest_open_transaction.set(
             max((p.state.age(now) for p in self.partitions.values()), default=0))
+        self.metrics.held_records.set(sum(len(p.held) for p in self.partitions.values()))
+        self.metrics.held_bytes.set(self.held_bytes)
         for partition in self.partitions.values():
             high = self._fetched_high(partition.tp)
             if high >= 0 and partition.position >= 0:

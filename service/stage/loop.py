@@ -17,6 +17,7 @@ replica stops. Records of a committing partition are held, in order, meanwhile.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections import Counter as Tally
 from collections.abc import Iterable
@@ -94,16 +95,22 @@ class Loop(Batch, Positions, Reports, Housekeeping):
         # A waiting phase lasting longer than a transaction could is worth a warning.
         self._stalled_after_s = max(policy.transaction_timeout_s, 30.0) + 30.0
         self._no_offset = OFFSET_END if settings.starts_at_end else OFFSET_BEGINNING
+        self.polled_at = time.monotonic()  # when consume() last returned
+        self.yield_at = math.inf  # the poll-gap bound: processing hands back by then
+        self.held_bytes = 0  # the bytes every partition holds (Batch._hold)
+        # Read at scrape time, so it grows while the loop is stuck between two polls.
+        metrics.seconds_since_poll.set_function(lambda: time.monotonic() - self.polled_at)
 
     def iterate(self) -> None:
         self.health.beat()
         self._batch += 1
         messages = self.consumer.consume(self.settings.batch_size,
                                          self.settings.poll_timeout_ms / 1000)
+        now = self.polled_at = time.monotonic()
+        self.yield_at = now + self.policy.poll_gap_s
         if len(messages) < self.settings.batch_size:
             self.fetch_watch.short_batches += 1  # librdkafka's queue ran dry
         self.raise_recorded()
-        now = time.monotonic()
         self.settle(now)
         if messages:
             self.process(messages, now)
@@ -135,6 +142,13 @@ class Loop(Batch, Positions, Reports, Housekeeping):
                     if partition.waiting_topic == topic:
                         partition.waiting_topic = None
                         self.dispatch(partition, sm.TopicResolved(topic))
+        # Records handed back at the poll-gap bound (or left by a drain it cut short),
+        # the longest held first, before anything consumed since: as far as the bound
+        # allows, the rest waits for the next iteration.
+        waiting = [p for p in self.partitions.values()
+                   if p.held and not p.state.holding and p.state.phase is sm.Phase.ACTIVE]
+        for partition in sorted(waiting, key=_held_since):
+            self._drain(partition)
 
     def tick(self, now: float) -> None:
         policy = self.policy
@@ -222,13 +236,9 @@ class Loop(Batch, Positions, Reports, Housekeeping):
             case sm.Abandon():
                 self.jobs.abandon(partition, self.committer.detach(partition.key))
             case sm.DrainHeld():
-                held, partition.held = partition.held, []
-                saved, partition.saved = partition.saved, {}
-                if held and not partition.releasing:
-                    self.process(held, time.monotonic(), saved)
+                self._drain(partition)
             case sm.DropHeld():
-                partition.held.clear()
-                partition.saved.clear()
+                self._take_held(partition)
             case sm.LookupTopic(topic):
                 self._lookup_topic(partition, topic)
             case sm.Fail(error):
@@ -290,6 +300,7 @@ class Loop(Batch, Positions, Reports, Housekeeping):
                 self.jobs.wait(partition, deadline)
             if completion is not None and completion[0] is not None:
                 self._abandoned(partition, completion[0])  # type: ignore[arg-type]
+            self._take_held(partition)
             del self.partitions[partition.key]
             with contextlib.suppress(KeyError):
                 self.metrics.consumer_lag.remove(partition.topic, str(partition.partition))
@@ -324,3 +335,7 @@ class Loop(Batch, Positions, Reports, Housekeeping):
         if error.fatal():
             raise FatalError(Where("consume"), error)
         log.warning("kafka.consume_error", code=error.name(), error=error.str())
+
+
+def _held_since(partition: Partition) -> float:
+    return partition.held_since

@@ -6,12 +6,12 @@ between them is a plain method call on the hot path."""
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 
 from confluent_kafka import Consumer, KafkaError, Message
 
-from service.contract.records import Record, Transform
+from service.contract.records import Output, Record, Transform
 from service.kafka.cluster import OutputLimits
 from service.observability.health import Health
 from service.observability.metrics import Metrics
@@ -50,6 +50,9 @@ class LoopState:
     _warned_near_timeout: bool
     _stalled_after_s: float
     _no_offset: int
+    polled_at: float
+    yield_at: float
+    held_bytes: int
 
     # Calls between parts: each is defined by the part named beside it.
     def dispatch(self, partition: Partition, event: sm.Event) -> None:  # loop
@@ -59,6 +62,14 @@ class LoopState:
         raise NotImplementedError
 
     def _seek(self, partition: Partition, offset: int) -> None:  # positions
+        raise NotImplementedError
+
+    def _take_held(self, partition: Partition) -> tuple[list[Message],  # batch
+                                                         dict[int, list[Output]]]:
+        raise NotImplementedError
+
+    def process(self, messages: Iterable[Message], now: float,  # batch
+                saved: dict[int, list[Output]] | None = None) -> None:
         raise NotImplementedError
 
     def _check_first(self, partition: Partition, offset: int) -> bool:  # positions

@@ -28,6 +28,8 @@ class Partition:
         "fetched_end",
         "flowing",
         "held",
+        "held_bytes",
+        "held_since",
         "job",
         "key",
         "phase_since",
@@ -50,7 +52,12 @@ class Partition:
         self.tp = TopicPartition(topic, partition)
         self._state = PartitionState(Phase.INITIALISING)
         self.flowing = False              # state.flowing, kept as the state changes
-        self.held: list[Message] = []     # records waiting, in order, for a commit or lookup
+        # Records consumed and not processed yet, in order: while a commit or a lookup
+        # runs, or handed back at the poll-gap bound (Batch.process). Their bytes (key,
+        # value, headers) are counted to pause the partition at the limits.
+        self.held: list[Message] = []
+        self.held_bytes = 0
+        self.held_since = 0.0             # when held became non-empty: oldest drains first
         # offset -> what the transform yielded, for held records it already ran on
         # (an output topic was being looked up): they are not transformed again.
         self.saved: dict[int, list[Output]] = {}
@@ -91,6 +98,7 @@ class Partition:
                 "open_records": state.txn.records if state.txn else 0,
                 "open_age_s": round(state.age(now), 1), "position": self.position,
                 "seek_pending": self.seek_to is not None, "held": len(self.held),
+                "held_bytes": self.held_bytes,
                 "job_running": self.job is not None,
                 "waiting_topic": self.waiting_topic, "releasing": self.releasing}
 

@@ -28,6 +28,14 @@ _LOG_CLIENT_ERROR = error_cb("consumer")
 
 
 _MAX_ABORT_STREAK = 10  # a failed delivery often costs two aborts (failure, epoch bump)
+# The loop returns to consume() at least this often (but for one record's transform), so
+# a rebalance, an offset commit and a delivery report wait no longer than this; and at
+# most a tenth of max.poll.interval.ms, so that a replica never leaves the group for it.
+_POLL_GAP_S = 1.0
+
+
+def poll_gap_s(max_poll_interval_s: float) -> float:
+    return min(_POLL_GAP_S, max_poll_interval_s / 10)
 
 
 class Stage:
@@ -45,6 +53,8 @@ class Stage:
                                   "on_commit": self._on_commit,
                                   "logger": librdkafka_logger("consumer")})
         committer, traits = for_settings(settings, metrics, self._commit_offsets)
+        max_poll_interval_s = float(consumer_config(settings)["max.poll.interval.ms"]) / 1000
+        metrics.max_poll_interval.set(max_poll_interval_s)
         self._offsets_committed = traits.offsets_committed  # at-least-once only
         self.committer = committer
         policy = Policy(
@@ -58,6 +68,9 @@ class Stage:
             # Past the deadline every Kafka call of a commit or an abort is given
             # (ExactlyOnce: the transaction timeout + 30 s), with a margin.
             stuck_after_s=settings.transaction_timeout_ms / 1000 + 40,
+            held_partition_max_bytes=settings.held_partition_max_bytes,
+            held_max_bytes=settings.held_max_bytes,
+            poll_gap_s=poll_gap_s(max_poll_interval_s),
             renew_after_abort=traits.renew_after_abort,
             commits_deferred=traits.commits_deferred,
         )

@@ -119,6 +119,20 @@ def test_a_slow_commit_with_too_many_held_records_pauses_until_it_ends() -> None
     assert kinds(actions) == ["Committed", "DrainHeld", "ResumePartition"]
 
 
+def test_records_handed_back_past_the_limits_pause_an_active_partition_until_drained() -> None:
+    state, actions = step(active(0, 5), sm.BacklogFull())
+    assert state.phase is Phase.ACTIVE and actions == [sm.PausePartition()]
+    assert not state.holding, "what it holds is drained, not held again"
+    state, actions = step(state, sm.BacklogDrained())
+    assert Pause.BACKLOG not in state.pause_reasons and actions == [sm.ResumePartition()]
+
+
+def test_a_drained_backlog_does_not_resume_a_partition_paused_for_another_reason() -> None:
+    state, _ = step(active(0, 5), sm.CommitDue(1.0), sm.BacklogFull())
+    state, actions = step(state, sm.BacklogDrained())  # committing: the commit resumes it
+    assert Pause.BACKLOG in state.pause_reasons and actions == []
+
+
 # ------------------------------------------------------------------ one fault
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+import pytest
 from confluent_kafka import Message
 from structlog.testing import capture_logs
 
@@ -21,7 +22,7 @@ from service.examples.square import square
 from service.observability.health import Health
 from service.stage import machine as sm
 from service.stage.loop import Loop
-from service.stage.partition import Partition
+from service.stage.partition import Partition, TopicPartitionKey
 from tests.unit.test_loop_runs import GroupConsumer, OrderedCommitter
 from tests.unit.test_positioning import POLICY, batch, make_loop, positioned
 
@@ -94,7 +95,8 @@ def test_the_liveness_heartbeat_follows_records_not_batches() -> None:
         seen.append(loop.health.liveness()[0])
         yield from slow(record)
 
-    loop, _, _ = slow_loop(records=60, interval_s=60.0, transform=looks_at_health)
+    loop, _, _ = slow_loop(records=60, interval_s=60.0, transform=looks_at_health,
+                           poll_gap_s=5.0)
     loop.health = Health(stale_after=0.7)  # the batch takes 1.2 s
     loop.iterate()
     assert len(seen) == 60 and all(seen), seen
@@ -152,3 +154,101 @@ def test_a_partition_committing_does_not_make_every_record_a_checkpoint() -> Non
     loop._checkpoint = lambda now: checkpoints.append(now) or real(now)  # type: ignore[method-assign]
     loop.iterate()
     assert first.position == 3310 and len(checkpoints) <= 2, len(checkpoints)
+
+
+# ---------------------------------------------------------------- the gap between polls
+
+
+class EarlyCommitter(OrderedCommitter):
+    """Commits at once: at-least-once's seal (``CommitDone`` now) or, for exactly-once,
+    a job that ends a few milliseconds later beside the loop."""
+
+    def __init__(self, *, sealed: bool) -> None:
+        super().__init__()
+        self.sealed = sealed
+
+    def commit(self, key: TopicPartitionKey, txn: sm.Txn, group_metadata: object) -> object:
+        super().commit(key, txn, group_metadata)
+        if self.sealed:
+            return sm.CommitDone(-1.0, time.monotonic())
+        return lambda: (time.sleep(0.003), sm.CommitDone(0.003, time.monotonic()))[1]
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_one_iteration_returns_to_consume_within_the_poll_gap(guarantee: str) -> None:
+    # 200 records at 10 ms in one batch: 2 s of transform. At-least-once never held a
+    # record (its commit only seals a window), so the whole batch ran between two
+    # consume() calls: rebalances, offset commits and delivery reports waited for it.
+    sealed = guarantee == "at_least_once"
+    loop, _, partition = slow_loop(records=200, interval_s=0.1, transform=slow10,
+                                   poll_gap_s=0.5, commits_deferred=sealed,
+                                   renew_after_abort=not sealed)
+    committer = EarlyCommitter(sealed=sealed)
+    loop.committer = committer  # type: ignore[assignment]
+    gaps = []
+    for _ in range(100):
+        started = time.monotonic()
+        loop.iterate()
+        gaps.append(time.monotonic() - started)
+        if partition.position == 3010 and not partition.held:
+            break
+        time.sleep(0.01)  # an exactly-once commit ends beside the loop
+    assert max(gaps) < 0.5 + 0.2, gaps
+    # Every record once, in order: what a yield handed back was processed first.
+    assert committer.written == list(range(2810, 3010))
+    assert partition.position == 3010
+
+
+def slow10(record: Record) -> Iterator[Output]:
+    time.sleep(0.01)
+    yield Output(value=record.value)
+
+
+def big(offset: int, size: int = 40_000) -> Message:
+    return Message(topic="in", partition=0, offset=offset, key=b"k", value=b"7" * size,
+                   headers=[("h", b"v")], error=None, timestamp=(1, 1_700_000_000_000))
+
+
+def test_a_committing_partition_pauses_once_it_holds_its_bytes_limit() -> None:
+    # 40 KB records: the count limit (5,000 records, 200 MB) let one lagging partition
+    # hold 305 MB. At 100 KB the partition stops fetching at its third held record.
+    loop, _, partition = slow_loop(records=0, transform=slow10,
+                                   held_partition_max_bytes=100_000)
+    loop.consumer.batches[:] = [[big(2810 + n) for n in range(10)]]  # type: ignore[attr-defined]
+    partition.state = sm.PartitionState(sm.Phase.COMMITTING,
+                                        txn=sm.Txn(2800, 2810, 10, time.monotonic()))
+    loop.iterate()
+    assert len(partition.held) == 10, "held, not dropped: librdkafka will not send them again"
+    assert ("pause", 0) in loop.consumer.calls  # type: ignore[attr-defined]
+    assert sm.Pause.BACKLOG in partition.state.pauses
+    assert partition.held_bytes == loop.held_bytes == 10 * (40_000 + 1 + 2)
+    loop._housekeeping(time.monotonic() + 5)
+    assert loop.metrics.held_bytes._value.get() == loop.held_bytes  # type: ignore[attr-defined]
+    assert loop.metrics.held_records._value.get() == 10  # type: ignore[attr-defined]
+
+
+def test_records_handed_back_fetch_again_once_drained_below_the_limits() -> None:
+    loop, committer, partition = slow_loop(records=0, transform=slow10, poll_gap_s=0.05,
+                                           held_partition_max_bytes=100_000)
+    committer = EarlyCommitter(sealed=True)
+    loop.committer = committer  # type: ignore[assignment]
+    loop.consumer.batches[:] = [[big(2810 + n) for n in range(10)]]  # type: ignore[attr-defined]
+    loop.iterate()
+    assert sm.Pause.BACKLOG in partition.state.pauses  # 50 ms: the rest handed back
+    for _ in range(10):
+        loop.iterate()
+    assert committer.written == list(range(2810, 2820))
+    assert not partition.held and loop.held_bytes == 0
+    assert sm.Pause.BACKLOG not in partition.state.pauses
+    assert loop.consumer.calls[-1] == ("resume", 0)  # type: ignore[attr-defined]
+
+
+def test_a_seek_drops_the_records_handed_back() -> None:
+    # Held records fetched before a rewind would run ahead of the records the seek
+    # fetches again, and those would then look stale: lost.
+    loop, _, partition = slow_loop(records=100, transform=slow10, poll_gap_s=0.1,
+                                           interval_s=60.0)
+    loop.iterate()
+    assert partition.held
+    loop._execute(partition, sm.Seek(2815))  # an abort's rewind, say
+    assert not partition.held and loop.held_bytes == 0

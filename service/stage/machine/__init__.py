@@ -38,6 +38,7 @@ from service.stage.machine.actions import (
 from service.stage.machine.events import (
     AbortDone,
     AbortFailed,
+    BacklogDrained,
     BacklogFull,
     CallStuck,
     CommitDone,
@@ -79,6 +80,7 @@ __all__ = [
     "AbortFailed",
     "Aborted",
     "Action",
+    "BacklogDrained",
     "BacklogFull",
     "CallStuck",
     "CloseProducer",

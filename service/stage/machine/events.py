@@ -104,7 +104,12 @@ class Poisoned:
 
 @dataclass(frozen=True, slots=True)
 class BacklogFull:
-    pass
+    """The partition holds as many records (or bytes) as it may: stop fetching it."""
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogDrained:
+    """Its held records fell below the limits while it is active: fetch it again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,4 +150,5 @@ class Released:
 
 Event = (Wrote | InitDone | InitFailed | Positioned | PositionFailed | CommitDue | CommitDone
          | CommitFailed | ProduceFailed | DeliveryFailed | AbortDone | AbortFailed | Poisoned
-         | BacklogFull | TopicUnknown | TopicResolved | Tick | CallStuck | Released)
+         | BacklogFull | BacklogDrained | TopicUnknown | TopicResolved | Tick | CallStuck
+         | Released)

@@ -21,6 +21,7 @@ from service.stage.machine.actions import (
     ignored,
 )
 from service.stage.machine.events import (
+    BacklogDrained,
     BacklogFull,
     CommitDone,
     CommitDue,
@@ -110,9 +111,17 @@ def commit_done(state: PartitionState, event: CommitDone, policy: Policy) -> Ste
 
 
 def backlog_full(state: PartitionState, event: BacklogFull, policy: Policy) -> Step:
-    if state.phase is not Phase.COMMITTING:
+    """Committing, or active with records handed back at the poll-gap bound: no more
+    fetching until what is held is processed (the commit's end or a drain)."""
+    if state.phase not in (Phase.COMMITTING, Phase.ACTIVE):
         return ignored(state)
     return replace(state, pauses=state.pauses | {Pause.BACKLOG}), []
+
+
+def backlog_drained(state: PartitionState, event: BacklogDrained, policy: Policy) -> Step:
+    if state.phase is not Phase.ACTIVE or Pause.BACKLOG not in state.pauses:
+        return ignored(state)
+    return replace(state, pauses=state.pauses - {Pause.BACKLOG}), []
 
 
 def topic_unknown(state: PartitionState, event: TopicUnknown, policy: Policy) -> Step:

@@ -29,7 +29,7 @@ class Pause(Enum):
     ABORT = "abort"          # ABORTING
     FENCED = "fenced"        # FENCED
     BACKOFF = "backoff"      # retrying after aborts or a poison record, later
-    BACKLOG = "backlog"      # too many records held while committing
+    BACKLOG = "backlog"      # too many records (or bytes) held
     LOOKUP = "lookup"        # an output topic's limits are being looked up
 
 
@@ -76,7 +76,14 @@ class Policy:
     reclaim_after_s: float = 45.0
     transaction_timeout_s: float = 60.0
     stuck_after_s: float = 100.0  # a commit or abort still running: its producer is stuck
+    # Held records (consumed, not processed yet): a partition pauses at the first of
+    # these it reaches, per partition or for the replica (docs/state-machine.md).
     backlog_limit: int = 5000
+    held_partition_max_bytes: int = 16 * 1024 * 1024
+    held_max_bytes: int = 64 * 1024 * 1024
+    # The longest the loop processes between two consume() calls, but for one record's
+    # transform (docs/state-machine.md, "Time bounds the work").
+    poll_gap_s: float = 1.0
     # Exactly-once: a new producer after every abort. Its init_transactions bumps the
     # epoch, so a request of the aborted transaction still in flight (a TxnOffsetCommit
     # held in the network past the client's time-out) is fenced instead of joining the

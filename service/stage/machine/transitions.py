@@ -32,6 +32,7 @@ from service.stage.machine.actions import PausePartition, ResumePartition, Start
 from service.stage.machine.events import (
     AbortDone,
     AbortFailed,
+    BacklogDrained,
     BacklogFull,
     CallStuck,
     CommitDone,
@@ -95,6 +96,7 @@ HANDLERS: Mapping[type, Handler] = {
     CommitDue: lifecycle.commit_due,
     CommitDone: lifecycle.commit_done,
     BacklogFull: lifecycle.backlog_full,
+    BacklogDrained: lifecycle.backlog_drained,
     TopicUnknown: lifecycle.topic_unknown,
     TopicResolved: lifecycle.topic_resolved,
     Tick: lifecycle.tick,
