@@ -36,7 +36,7 @@ from service.observability.health import Health, publish_readiness, serve
 from service.observability.logs import configure_logging
 from service.observability.lso_watch import LsoWatch
 from service.observability.metrics import Metrics
-from service.preflight import check_cluster, producer_max_bytes, session_timeout_s
+from service.preflight import Checked, check_cluster, session_timeout_s
 from service.settings import Settings, load_settings
 from service.stage.replica import Stage
 
@@ -116,18 +116,19 @@ def _stage_command(args: argparse.Namespace) -> int:
         return ExitCode.CONFIG
 
 
-def _validated(settings: Settings, *, wait_s: float) -> Cluster:
+def _validated(settings: Settings, *, wait_s: float) -> tuple[Cluster, Checked]:
     refused = refused_configs(settings)
     if refused:
         raise ConfigError(*refused)
     load_transform(settings.transform)
     cluster = Cluster(admin_config(settings))
-    check_cluster(settings, cluster, wait_s=wait_s)
-    return cluster
+    return cluster, check_cluster(settings, cluster, wait_s=wait_s)
 
 
 def _check(settings: Settings) -> int:
-    _validated(settings, wait_s=_CHECK_WAITS_S)
+    _, checked = _validated(settings, wait_s=_CHECK_WAITS_S)
+    for warning in checked.warnings:  # the settings work; something in them may not
+        print(f"txstage: config warning: {warning}", file=sys.stderr)
     print("txstage: configuration OK")
     return ExitCode.OK
 
@@ -140,7 +141,9 @@ _CHECK_WAITS_S = 10.0
 
 
 def _run(settings: Settings) -> int:
-    cluster = _validated(settings, wait_s=_RUN_WAITS_S)
+    cluster, checked = _validated(settings, wait_s=_RUN_WAITS_S)
+    for warning in checked.warnings:
+        log.warning("startup.config_warning", warning=warning)
     interpreter.tune_threads()
     transform = load_transform(settings.transform)
     disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: dashboard noise
@@ -151,7 +154,7 @@ def _run(settings: Settings) -> int:
     health = Health(stale_after=settings.health_stale_after_s)
     publish_readiness(health, metrics)
     server = serve(settings.metrics_port, registry, health, host=settings.metrics_host)
-    limits = OutputLimits(cluster, producer_max_bytes(settings), blocking=False)
+    limits = OutputLimits(cluster, checked.producer_max_bytes, blocking=False)
     stage = Stage(settings, transform, metrics, health, limits,
                   session_timeout_s=session_timeout_s(settings, cluster))
     if settings.lso_check_interval_s:

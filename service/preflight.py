@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import structlog
 
@@ -15,7 +17,7 @@ from service.errors import (
     Where,
     transactional_prefix,
 )
-from service.kafka.cluster import DEFAULT_MESSAGE_MAX_BYTES, UNSAID, Cluster
+from service.kafka.cluster import DEFAULT_MESSAGE_MAX_BYTES, UNSAID, Cluster, UnknownTopicError
 from service.kafka.config import consumer_config, producer_config
 from service.kafka.retry import retry_until
 from service.settings import Settings
@@ -24,13 +26,73 @@ log = structlog.get_logger(__name__)
 _RETRY_S = 1.0
 
 
-def producer_max_bytes(settings: Settings) -> int:
-    return int(str(producer_config(settings, None).get("message.max.bytes",
-                                                       DEFAULT_MESSAGE_MAX_BYTES)))
+# librdkafka's range for message.max.bytes (its CONFIGURATION.md).
+MESSAGE_MAX_BYTES_RANGE = (1_000, 1_000_000_000)
 
 
-def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) -> None:
-    """Raise ConfigError listing every problem found; return when there is none.
+def producer_max_bytes(settings: Settings, topic_limits: Iterable[int] = ()) -> int:
+    """The producers' ``message.max.bytes``: the user's (``TXSTAGE_PRODUCER__`` or
+    ``TXSTAGE_KAFKA__MESSAGE_MAX_BYTES``) when set; otherwise the largest of
+    ``topic_limits`` (the ``max.message.bytes`` of the topics they write), within
+    librdkafka's range, so a record a topic takes is never refused by the producer
+    first; librdkafka's own default when no limit is known. No headroom is added:
+    librdkafka counts a message's key, value, headers and record framing against it
+    (not the request's or the batch's), always sends a message that passes alone,
+    and each output is checked first against min(this, its topic's limit) with
+    FRAMING_BYTES to spare (service/contract/processing.py)."""
+    told = producer_config(settings, None).get("message.max.bytes")
+    if told is not None:
+        return int(str(told))
+    largest = max(topic_limits, default=None)
+    if largest is None:
+        return DEFAULT_MESSAGE_MAX_BYTES
+    low, high = MESSAGE_MAX_BYTES_RANGE
+    return min(max(largest, low), high)
+
+
+def _told_variable(settings: Settings) -> str | None:
+    """The variable that set the producers' ``message.max.bytes``, if one did."""
+    for section in ("producer", "kafka"):  # the producer's own wins (producer_config)
+        if "message.max.bytes" in getattr(settings, section):
+            return settings.passthrough_variable(section, "message.max.bytes")
+    return None
+
+
+def topic_max_bytes(cluster: Cluster, topics: Sequence[str]) -> dict[str, int]:
+    """Each topic's ``max.message.bytes``; one that cannot be read (no DESCRIBE_CONFIGS,
+    logged; or gone) is left out."""
+    found: dict[str, int] = {}
+    for topic in dict.fromkeys(topics):
+        try:
+            value = cluster.topic_config(topic).get("max.message.bytes")
+        except DeniedError as exc:
+            _skipped(f"max.message.bytes of {topic}", exc)
+            continue
+        except UnknownTopicError:
+            continue
+        if value is not None:
+            found[topic] = int(value)
+    return found
+
+
+def sized_max_bytes(settings: Settings, cluster: Cluster) -> int:
+    """producer_max_bytes from the output and dead-letter topics' limits, looked up
+    (for a tool that writes where the stage does without running its checks)."""
+    writes = [t for t in (settings.output_topic, settings.dlq_topic) if t]
+    return producer_max_bytes(settings, topic_max_bytes(cluster, writes).values())
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What the checks found that the stage runs with."""
+
+    producer_max_bytes: int  # the producers' message.max.bytes (producer_max_bytes)
+    warnings: tuple[str, ...] = ()  # one line each; the stage runs anyway
+
+
+def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) -> Checked:
+    """Raise ConfigError listing every problem found; when there is none, return what
+    the stage runs with (the producers' size, warnings).
 
     While the cluster answers "not now" (a broker restarting or paused, no broker in
     the metadata yet) the checks are asked again for up to ``wait_s``, each time
@@ -39,13 +101,13 @@ def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) 
     start-up is asked again")."""
     deadline = time.monotonic() + wait_s
 
-    def checks() -> list[str]:
+    def checks() -> tuple[list[str], Checked | None]:
         try:
             problems = [*_topic_problems(settings, cluster),
                         *_group_problems(settings, cluster),
                         *_transactional_problems(settings, cluster),
                         *_timeout_problems(settings, cluster)]
-            return problems or _size_problems(settings, cluster)
+            return (problems, None) if problems else _sizes(settings, cluster)
         except RetriableError as exc:
             denied = cluster.denial()
             if denied is not None:  # the cluster is there and said no: never wait for it
@@ -58,14 +120,15 @@ def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) 
 
     try:
         # renew: a client that waited through the outage may not recover
-        problems = retry_until(deadline, checks, pause=_RETRY_S, on_retry=waiting,
-                               renew=cluster.renew)
+        problems, checked = retry_until(deadline, checks, pause=_RETRY_S, on_retry=waiting,
+                                        renew=cluster.renew)
     except DeniedError as exc:
         raise ConfigError(str(exc)) from exc
     except KafkaOperationError as exc:  # a RetriableError too, once the wait is over
         raise _unreachable(settings, exc) from exc
-    if problems:
+    if problems or checked is None:
         raise ConfigError(*problems)
+    return checked
 
 
 def _unreachable(settings: Settings, exc: KafkaOperationError) -> ConfigError:
@@ -128,21 +191,46 @@ def _timeout_problems(settings: Settings, cluster: Cluster) -> list[str]:
     return []
 
 
-def _size_problems(settings: Settings, cluster: Cluster) -> list[str]:
-    mine = producer_max_bytes(settings)
-    problems = []
-    for topic in filter(None, (settings.output_topic, settings.dlq_topic)):
-        try:
-            theirs = int(cluster.topic_config(topic).get("max.message.bytes", mine))
-        except DeniedError as exc:
-            _skipped(f"max.message.bytes of {topic}", exc)
+def _sizes(settings: Settings, cluster: Cluster) -> tuple[list[str], Checked]:
+    """The producers' size from the topics they write; a size the user set that a topic
+    cannot take is a problem; an input topic that takes records larger than the
+    dead-letter topic holds, a warning."""
+    writes = [t for t in (settings.output_topic, settings.dlq_topic) if t]
+    limits = topic_max_bytes(cluster, writes)
+    mine = producer_max_bytes(settings, limits.values())
+    told = _told_variable(settings)
+    problems = [
+        f"the producer's message.max.bytes={mine} exceeds topic {topic!r} "
+        f"max.message.bytes={theirs}: set {told}={theirs} or raise the topic's limit"
+        for topic, theirs in limits.items() if told is not None and mine > theirs]
+    return problems, Checked(mine, tuple(_dead_letter_warnings(settings, cluster, limits,
+                                                               mine, told)))
+
+
+def _dead_letter_warnings(settings: Settings, cluster: Cluster, limits: dict[str, int],
+                          mine: int, told: str | None) -> list[str]:
+    """A record larger than the dead-letter topic holds (the smaller of its
+    max.message.bytes and the producers' message.max.bytes) is dead-lettered without
+    its value, which redrive cannot process."""
+    dlq = settings.dlq_topic
+    if not dlq or dlq not in limits:
+        return []
+    holds = min(limits[dlq], mine)
+    warnings = []
+    for topic, accepts in topic_max_bytes(cluster, settings.input_topics).items():
+        if accepts <= holds:
             continue
-        if mine > theirs:
-            problems.append(
-                f"the producer's message.max.bytes={mine} exceeds topic {topic!r} "
-                f"max.message.bytes={theirs}: set TXSTAGE_PRODUCER__MESSAGE_MAX_BYTES={theirs} "
-                f"or raise the topic's limit")
-    return problems
+        fixes = []
+        if limits[dlq] < accepts:
+            fixes.append(f"raise topic {dlq!r} max.message.bytes to {accepts}")
+        if told is not None and mine < accepts:
+            fixes.append(f"set {told}={accepts}")
+        warnings.append(
+            f"input topic {topic!r} max.message.bytes={accepts} is larger than the "
+            f"dead-letter topic {dlq!r} holds ({holds} bytes: its max.message.bytes="
+            f"{limits[dlq]}, the producer's message.max.bytes={mine}): a larger record is "
+            f"dead-lettered without its value and cannot be redriven; {' and '.join(fixes)}")
+    return warnings
 
 
 def _skipped(check: str, exc: DeniedError) -> None:

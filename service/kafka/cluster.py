@@ -347,6 +347,10 @@ class OutputLimits:
         # only a topic not known yet reaches Python (``_missing``).
         self.lookup: Callable[[str], int] = self._known.__getitem__
 
+    @property
+    def producer_max_bytes(self) -> int:
+        return self._producer_max
+
     def __call__(self, topic: str) -> int:
         return self._known[topic]
 

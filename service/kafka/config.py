@@ -117,9 +117,12 @@ _TRANSACTIONAL_DEFAULTS: Config = {"metadata.recovery.strategy": "none", "linger
                                    "connections.max.idle.ms": 30_000}
 
 
-def producer_config(settings: Settings, transactional_id: str | None) -> Config:
+def producer_config(settings: Settings, transactional_id: str | None, *,
+                    message_max_bytes: int | None = None) -> Config:
     """A producer: pinned and transactional when ``transactional_id`` is given,
-    otherwise the shared idempotent producer of at-least-once mode."""
+    otherwise the shared idempotent producer of at-least-once mode.
+    ``message_max_bytes``: its size, sized from the topics it writes
+    (preflight.producer_max_bytes); a value the user set wins."""
     config: Config = {
         "acks": "all",
         # At-least-once's shared producer: 20 ms rather than librdkafka's 5 fills
@@ -137,6 +140,7 @@ def producer_config(settings: Settings, transactional_id: str | None) -> Config:
         "retry.backoff.ms": 10,
         "client.id": client_id(settings, "producer"),
         **(_TRANSACTIONAL_DEFAULTS if transactional_id is not None else {}),
+        **({"message.max.bytes": message_max_bytes} if message_max_bytes is not None else {}),
         **_plain(settings.kafka),
         **_plain(settings.producer),
         "bootstrap.servers": settings.bootstrap_servers,

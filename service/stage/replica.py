@@ -52,7 +52,9 @@ class Stage:
         self.consumer = Consumer({**consumer_config(settings), "error_cb": self._on_client_error,
                                   "on_commit": self._on_commit,
                                   "logger": librdkafka_logger("consumer")})
-        committer, traits = for_settings(settings, metrics, self._commit_offsets)
+        # The producers take what the outputs are checked against (OutputLimits).
+        committer, traits = for_settings(settings, metrics, self._commit_offsets,
+                                         message_max_bytes=limits.producer_max_bytes)
         max_poll_interval_s = float(consumer_config(settings)["max.poll.interval.ms"]) / 1000
         metrics.max_poll_interval.set(max_poll_interval_s)
         self._offsets_committed = traits.offsets_committed  # at-least-once only

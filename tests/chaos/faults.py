@@ -183,11 +183,12 @@ def transform_slow_phase(world: World, rng: random.Random) -> str | None:
 
 
 def poison_near_limit(world: World, rng: random.Random) -> str | None:
-    """A record just under the producer's message.max.bytes that the transform rejects:
-    its dead letter (value + error headers) must be cut to fit, never refused."""
-    size = rng.randint(999_000, 999_800)
+    """A record just under the topics' max.message.bytes (the default, 1,048,588) that
+    the transform rejects: its dead letter (value + error headers) must be cut to fit
+    the dead-letter topic, never refused."""
+    size = rng.randint(1_048_000, 1_048_400)
     producer = Producer({"bootstrap.servers": world.cluster.direct_bootstrap,
-                         "enable.idempotence": True})
+                         "enable.idempotence": True, "message.max.bytes": 1_048_588})
     producer.produce(world.env["TXSTAGE_INPUT_TOPICS"], b"x" * size, b"near-limit")
     if producer.flush(30) != 0:
         return None

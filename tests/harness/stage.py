@@ -79,10 +79,12 @@ def paced(values: Iterable[int], per_second: float) -> Iterator[int]:
 
 
 def produce_inputs(bootstrap: str, topic: str, values: Iterable[int], partitions: int,
-                   *, value: Callable[[int], bytes] = lambda i: str(i).encode()) -> int:
-    """Write ``str(i)`` for each i, key ``k<i>``, round-robin over ``partitions``."""
+                   *, value: Callable[[int], bytes] = lambda i: str(i).encode(),
+                   max_bytes: int = 1_000_000) -> int:
+    """Write ``str(i)`` for each i, key ``k<i>``, round-robin over ``partitions``
+    (``max_bytes``: the producer's message.max.bytes, librdkafka's default unless said)."""
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                         "linger.ms": 5})
+                         "linger.ms": 5, "message.max.bytes": max_bytes})
     count = 0
     for i in values:
         while True:

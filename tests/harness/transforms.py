@@ -265,3 +265,14 @@ def square_failing_on_49s(record: Record) -> Iterator[Output]:
     if n % 49 == 0:
         raise ValueError(f"{n} is a multiple of 49")
     yield from square(record)
+
+
+REJECTED = b"reject:"
+
+
+def identity_rejecting_marked(record: Record) -> Iterator[Output]:
+    """Each record as it came (key and value), but one whose value starts with
+    ``REJECTED`` fails (it is dead-lettered) until ``TEST_TRANSFORM_FIXED`` is set."""
+    if (record.value or b"").startswith(REJECTED) and not os.environ.get("TEST_TRANSFORM_FIXED"):
+        raise ValueError("a marked record")
+    yield Output(value=record.value, key=record.key)

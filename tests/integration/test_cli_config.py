@@ -64,9 +64,33 @@ def test_bad_settings_exit_2_naming_the_problem(stage: StageSetup, command: str,
 def test_oversized_producer_limit_for_the_output_topic_exits_2(
         stage: StageSetup, new_topic: object) -> None:
     small = new_topic(1, {"max.message.bytes": "10000"}, prefix="small")  # type: ignore[operator]
-    result = txstage("check-config", {**stage.env, "TXSTAGE_OUTPUT_TOPIC": small})
+    told = {**stage.env, "TXSTAGE_OUTPUT_TOPIC": small,
+            "TXSTAGE_PRODUCER__MESSAGE_MAX_BYTES": "1000000"}
+    result = txstage("check-config", told)
     assert result.returncode == 2
-    assert f"exceeds topic '{small}' max.message.bytes=10000" in result.stderr
+    assert (f"exceeds topic '{small}' max.message.bytes=10000: "
+            f"set TXSTAGE_PRODUCER__MESSAGE_MAX_BYTES=10000") in result.stderr
+    # Unset, the producers are sized from the topics: each output still checked
+    # against its own topic's limit.
+    result = txstage("check-config", {**stage.env, "TXSTAGE_OUTPUT_TOPIC": small})
+    assert result.returncode == 0, result.stderr
+
+
+def test_an_input_larger_than_the_dead_letter_topic_holds_is_a_warning(
+        stage: StageSetup, new_topic: object) -> None:
+    large = new_topic(1, {"max.message.bytes": "5000000"}, prefix="large")  # type: ignore[operator]
+    result = txstage("check-config", {**stage.env, "TXSTAGE_INPUT_TOPICS": large})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "txstage: configuration OK\n"
+    [warning] = [line for line in result.stderr.splitlines() if "config warning" in line]
+    assert warning == (
+        f"txstage: config warning: input topic '{large}' max.message.bytes=5000000 is larger "
+        f"than the dead-letter topic '{stage.dlq_topic}' holds (1048588 bytes: its "
+        f"max.message.bytes=1048588, the producer's message.max.bytes=1048588): a larger "
+        f"record is dead-lettered without its value and cannot be redriven; raise topic "
+        f"'{stage.dlq_topic}' max.message.bytes to 5000000")
+    result = txstage("check-config", stage.env)  # inputs at the topic default: no warning
+    assert "config warning" not in result.stderr, result.stderr
 
 
 def test_missing_required_settings_are_listed_one_per_line() -> None:

@@ -113,20 +113,21 @@ def test_a_stop_in_the_middle_of_a_slow_batch_commits_what_was_processed_in_time
 @pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
 def test_a_near_limit_poison_record_is_dead_lettered_cut_to_fit(
         classic_stage: StageSetup, guarantee: str) -> None:
-    # A 999,700-byte value that square rejects: its letter (value + error headers) is
-    # over the producer's message.max.bytes (1,000,000). produce() refused it, fatal:
-    # exit 1, and the next owner the same.
+    # A 1,048,400-byte value (the input topic takes it) that square rejects: its letter
+    # (value + error headers) is over the dead-letter topic's max.message.bytes
+    # (1,048,588). produce() refused such a letter, fatal: exit 1, and the next owner
+    # the same.
     stage = classic_stage
     replica = stage.replica("a", TXSTAGE_GUARANTEE=guarantee)
-    big = b"x" * 999_700
+    big = b"x" * 1_048_400
     produce_inputs(stage.bootstrap, stage.input_topic, range(400), 2,
-                   value=lambda i: big if i == 101 else str(i).encode())
+                   value=lambda i: big if i == 101 else str(i).encode(), max_bytes=1_048_588)
     stage.wait_committed(60)
     assert replica.alive(), stage.logs()
     stage.assert_exactly_once()
     [letter] = read_topics(stage.bootstrap, [stage.dlq_topic])
     headers = dict(letter.headers)
-    assert headers[DROPPED] == b"value=999700" and letter.value is None
+    assert headers[DROPPED] == b"value=1048400" and letter.value is None
     assert headers["txstage.error.offset"] == b"50"  # input 101: partition 1, offset 50
     assert replica.terminate() == 0
 

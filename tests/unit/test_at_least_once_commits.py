@@ -276,7 +276,8 @@ def test_the_stage_tells_the_state_machine_which_commits_are_deferred(guarantee:
     # Without it a healthy at-least-once release would commit only an open window.
     settings = load_settings({**SETTINGS, "TXSTAGE_GUARANTEE": guarantee})
     stage = Stage(settings, square, Metrics(CollectorRegistry()), Health(),
-                  cast(OutputLimits, SimpleNamespace(lookup=lambda topic: 1_000_000)),
+                  cast(OutputLimits, SimpleNamespace(lookup=lambda topic: 1_000_000,
+                                                    producer_max_bytes=1_000_000)),
                   session_timeout_s=45.0)
     try:
         policy = stage.loop.policy

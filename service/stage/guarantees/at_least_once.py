@@ -102,12 +102,14 @@ class Window:
 
 
 class AtLeastOnce:
-    def __init__(self, settings: Settings, metrics: Metrics, commit_offsets: CommitOffsets) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, commit_offsets: CommitOffsets, *,
+                 message_max_bytes: int | None = None) -> None:
         self._metrics = metrics
         self._commit_offsets = commit_offsets
         self._interval_s = settings.commit_interval_ms / 1000
         self._producer = Producer({
-            **producer_config(settings, None), "logger": librdkafka_logger("producer"),
+            **producer_config(settings, None, message_max_bytes=message_max_bytes),
+            "logger": librdkafka_logger("producer"),
             "error_cb": error_cb("producer"),
             "delivery.report.only.error": True,  # successes are counted by Window
         })

@@ -31,11 +31,12 @@ class Traits:
     offsets_committed: OffsetsCommitted | None
 
 
-def for_settings(settings: Settings, metrics: Metrics,
-                 commit_offsets: CommitOffsets) -> tuple[Guarantee, Traits]:
+def for_settings(settings: Settings, metrics: Metrics, commit_offsets: CommitOffsets, *,
+                 message_max_bytes: int | None = None) -> tuple[Guarantee, Traits]:
     """``TXSTAGE_GUARANTEE``'s guarantee; ``commit_offsets`` commits a consumer's offsets
-    (at-least-once only)."""
+    (at-least-once only); ``message_max_bytes``: its producers' (producer_config's)."""
     if settings.exactly_once:
-        return ExactlyOnce(settings, metrics), Traits(True, False, None)
-    alo = AtLeastOnce(settings, metrics, commit_offsets)
+        return (ExactlyOnce(settings, metrics, message_max_bytes=message_max_bytes),
+                Traits(True, False, None))
+    alo = AtLeastOnce(settings, metrics, commit_offsets, message_max_bytes=message_max_bytes)
     return alo, Traits(False, True, alo.offsets_committed)

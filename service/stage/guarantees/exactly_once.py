@@ -52,8 +52,10 @@ class ExactlyOnce:
     and leaves the registry alone. Token and registry change together, under a lock:
     the job ends on its own thread."""
 
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, *,
+                 message_max_bytes: int | None = None) -> None:
         self._settings = settings
+        self._message_max_bytes = message_max_bytes  # producer_config's
         self._metrics = metrics
         self._producers: dict[TopicPartitionKey, PinnedProducer] = {}
         self._initialising: dict[TopicPartitionKey, object] = {}  # the current init's token
@@ -88,7 +90,9 @@ class ExactlyOnce:
             started = time.monotonic()
             producer = None
             try:
-                config = {**producer_config(self._settings, tid), "logger": self._logger}
+                config = {**producer_config(self._settings, tid,
+                                            message_max_bytes=self._message_max_bytes),
+                          "logger": self._logger}
                 if stats_cb is not None:
                     config.setdefault("statistics.interval.ms",
                                       self._settings.statistics_interval_ms)

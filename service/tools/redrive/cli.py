@@ -18,7 +18,7 @@ from service.errors import ConfigError
 from service.exit_codes import ExitCode
 from service.kafka.cluster import Cluster, OutputLimits
 from service.kafka.config import admin_config, producer_config
-from service.preflight import producer_max_bytes
+from service.preflight import sized_max_bytes
 from service.settings import Settings
 from service.tools.common import run_tool, tool_settings
 from service.tools.redrive.letters import Filter
@@ -116,9 +116,13 @@ def _redrive(args: argparse.Namespace) -> int:
     # As the stage checks each output: against its topic's max.message.bytes, and a
     # topic that does not exist dead-letters the record again (UnknownTopicError)
     # instead of failing the batch's transaction on every run.
-    limits = OutputLimits(Cluster(admin_config(settings)), producer_max_bytes(settings))
+    # Its producer is sized as the stage's, from the output and dead-letter topics: a
+    # letter the stage kept whole is written whole again.
+    cluster = Cluster(admin_config(settings))
+    limits = OutputLimits(cluster, sized_max_bytes(settings, cluster))
     tid = transactional_id(settings.id_prefix, settings.dlq_topic)
-    report = redrive(producer_config=producer_config(settings, tid),
+    report = redrive(producer_config=producer_config(
+                         settings, tid, message_max_bytes=limits.producer_max_bytes),
                      admin_config=admin_config(settings), dlq_topic=settings.dlq_topic,
                      transform=load_transform(settings.transform),
                      default_topic=settings.output_topic, prefix=settings.id_prefix,
