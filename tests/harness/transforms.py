@@ -265,3 +265,11 @@ def square_failing_on_49s(record: Record) -> Iterator[Output]:
     if n % 49 == 0:
         raise ValueError(f"{n} is a multiple of 49")
     yield from square(record)
+
+
+def square_and_rare_side(record: Record) -> Iterator[Output]:
+    """Square; the record at offset 150 of each partition (past the driver's sample of a
+    slice, its first 100 records) also writes its value to ``<input topic>-rare``."""
+    yield from square(record)
+    if record.offset == 150:
+        yield Output(value=record.value, key=record.key, topic=f"{record.topic}-rare")

@@ -2,7 +2,7 @@
 real broker: the settings are the block's ``export`` lines (the bootstrap servers the
 test broker's), the topics the commands name are created, the command line is verbatim.
 
-Takes ≈ 30 s (2 cores; one test, a dry run and a run of the suffix command).
+Takes ≈ 13 s (2 cores; a dry run and a run of the suffix command, Spark started).
 """
 
 from __future__ import annotations
