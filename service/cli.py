@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 import structlog
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
+from service.arguments import Parser
 from service.contract.loading import load_transform
 from service.errors import ConfigError, PoisonRecordError
 from service.exit_codes import ExitCode
@@ -75,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-class _Command(argparse.ArgumentParser):
+class _Command(Parser):
     """One command of the tree. With a ``module``, its arguments are that module's
     ``add_arguments(parser)``, added when the command is parsed (it was named), and an
     argument it does not know is its own error, with its own usage, as when it parsed

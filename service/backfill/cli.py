@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
+from service.arguments import Parser
 from service.backfill import config, parity, plan
 from service.backfill.slice_writer import DEFAULT_TRANSACTION_BYTES, DEFAULT_TRANSACTION_RECORDS
 from service.backfill.specs import KafkaSource, parse_sink, parse_source
@@ -31,7 +32,7 @@ _PYTHON_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$", 
 log = logging.getLogger("txstage.backfill")
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(Parser):
     """A bad argument is one line, as every other problem: ``txstage backfill: error: ...``,
     exit 2. An argument it does not know is its own error too, not its parent's."""
 

@@ -37,7 +37,7 @@ from service.backfill.progress import JobState
 from service.backfill.report import Outcome
 from service.backfill.session import spark_session
 from service.backfill.specs import FileSource, KafkaSource, ParquetSink
-from service.backfill.topic_map import unmapped_problem
+from service.backfill.topic_map import missing_problem, unmapped_problem
 from service.contract.loading import load_transform
 from service.contract.processing import process
 from service.contract.records import Record
@@ -84,7 +84,7 @@ def _from_kafka(config: JobConfig, source: KafkaSource, started: float) -> Outco
     fresh = _plan(config, slice_ranges(ranges, config.flags.slice_records))
     job = _settle(config, admin, fresh, started)
     seen = _sampled_topics(config, admin, _kafka_samples(config, job))
-    early = _finished_before_spark(job, seen)
+    early = _finished_before_spark(job, seen, admin)
     if early is not None:
         return early
     with _session(config) as spark:
@@ -110,7 +110,7 @@ def _from_files(config: JobConfig, source: FileSource, started: float) -> Outcom
             frame.limit(SAMPLE_RECORDS).select(F.lit(0).alias("slice"), "*").toArrow()
             .to_batches()))
         seen = _sampled_topics(config, admin, sample)
-        early = _finished_before_spark(job, seen)
+        early = _finished_before_spark(job, seen, admin)
         if early is not None:
             return early
         tagged = sources.tag_slices(spark, frame, job.pending(), config.flags.slice_records)
@@ -163,8 +163,7 @@ def _kafka_samples(config: JobConfig, job: Run) -> Iterator[Record]:
 def _sampled_topics(config: JobConfig, admin: AdminClient | None,
                     sample: Iterable[Record]) -> dict[str, str]:
     """``topic -> the input that first wrote to it`` over ``sample``, the transform run as
-    the tasks run it; a Kafka sink refuses (ConfigError, exit 2) an unmapped topic and a
-    sink topic that does not exist, unless this is a dry run (which lists them)."""
+    the tasks run it."""
     run = functools.partial(process, load_transform(config.transform),
                             default_topic=config.output_topic, dlq_topic=config.dlq_topic,
                             max_bytes=lambda _topic: 1 << 62)
@@ -176,25 +175,48 @@ def _sampled_topics(config: JobConfig, admin: AdminClient | None,
             continue
         for out in result.outputs:
             seen.setdefault(out.topic, f"{record.topic}/{record.partition}/{record.offset}")
-    if not config.kafka_sink or config.flags.dry_run:
-        return seen
-    topics = config.topics
-    problems = [unmapped_problem(topic, where) for topic, where in sorted(seen.items())
-                if not topics.maps(topic)]
-    assert admin is not None, "a Kafka sink has an admin client"
-    targets = {topics(t) for t in seen if topics.maps(t)}
-    problems += [f"sink topic {topic!r} does not exist" for topic in sorted(targets)
-                 if topic not in topics.targets()
-                 and offsets.topic_partitions(admin, topic) is None]
-    if problems:
-        raise ConfigError(*problems)
     return seen
 
 
-def _finished_before_spark(job: Run, seen: dict[str, str]) -> Outcome | None:
+def _missing_sinks(config: JobConfig, admin: AdminClient | None,
+                   seen: dict[str, str]) -> set[str]:
+    """The topics of ``seen`` whose sink topic does not exist (a Kafka sink's; those
+    named up front were checked before planning)."""
+    if not config.kafka_sink:
+        return set()
+    assert admin is not None, "a Kafka sink has an admin client"
+    topics = config.topics
+    return {topic for topic in seen if topics.maps(topic)
+            and topics(topic) not in topics.targets()
+            and offsets.topic_partitions(admin, topics(topic)) is None}
+
+
+def _topic_problems(config: JobConfig, seen: dict[str, str], missing: set[str]) -> list[str]:
+    """A Kafka sink refuses a topic it does not map, and one whose sink topic does not
+    exist: an output the whole sample makes would be dead-lettered for most of a topic,
+    a misconfiguration to fix before anything is written (docs/decisions.md)."""
+    if not config.kafka_sink:
+        return []
+    topics = config.topics
+    return [unmapped_problem(topic, where) if not topics.maps(topic) else
+            missing_problem(topic, topics(topic), where, topics.rule(topic))
+            for topic, where in sorted(seen.items())
+            if not topics.maps(topic) or topic in missing]
+
+
+def _finished_before_spark(job: Run, seen: dict[str, str],
+                           admin: AdminClient | None) -> Outcome | None:
     """Print the plan; the outcome when there is nothing for Spark to do (a dry run, or
-    every slice done), else None."""
-    report.print_plan(job.config, job.plan, job.state, seen)
+    every slice done), else None. A topic problem of the sample is refused (exit 2)
+    before the plan is printed, or after it in a dry run, which says the same as the run
+    would."""
+    missing = _missing_sinks(job.config, admin, seen)
+    problems = _topic_problems(job.config, seen, missing)
+    if problems and not job.config.flags.dry_run:
+        raise ConfigError(*problems)
+    report.print_plan(job.config, job.plan, job.state, seen, missing)
+    if problems:
+        raise ConfigError(*problems)
     if job.config.flags.dry_run:
         return _outcome(job, job.state, [], 0.0, "dry run")
     if not job.pending():
@@ -224,11 +246,13 @@ def _check_sink_topics(config: JobConfig, admin: AdminClient) -> None:
     problems = []
     for what, topic in (("output", config.output_topic), ("dead-letter", config.dlq_topic)):
         if topic and offsets.topic_partitions(admin, topic) is None:
-            problems.append(f"{what} topic {topic!r} does not exist")
+            problems.append(f"{what} topic {topic!r} does not exist: create it "
+                            f"(txstage topics create --topic {topic})")
     for topic, sink in sorted(config.topics.named.items()):
         if sink not in (config.output_topic, config.dlq_topic) and \
                 offsets.topic_partitions(admin, sink) is None:
-            problems.append(f"sink topic {sink!r} (--topic-map {topic}={sink}) does not exist")
+            problems.append(f"sink topic {sink!r} (--topic-map {topic}={sink}) does not "
+                            f"exist: create it (txstage topics create --topic {sink})")
     if problems:
         raise ConfigError(*problems)
 

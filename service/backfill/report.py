@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -99,19 +99,23 @@ def _done(plan: Plan, state: JobState | None) -> list[int]:
 
 
 def print_plan(config: JobConfig, plan: Plan, state: JobState | None,
-               seen: Mapping[str, str] | None = None) -> None:
+               seen: Mapping[str, str] | None = None,
+               missing: Collection[str] = ()) -> None:
     for line in plan_lines(config, plan, state):
         _out(line)
     if seen is not None:
-        for line in topic_lines(config, seen):
+        for line in topic_lines(config, seen, missing):
             _out(line)
 
 
-def topic_lines(config: JobConfig, seen: Mapping[str, str]) -> list[str]:
-    """The topics the transform wrote in the sample, and where each one goes."""
+def topic_lines(config: JobConfig, seen: Mapping[str, str],
+                missing: Collection[str] = ()) -> list[str]:
+    """The topics the transform wrote in the sample, and where each one goes (``missing``:
+    those whose sink topic does not exist)."""
     lines = [f"  topics written by a sample of each slice ({len(seen)}):"]
-    lines += [f"    {topic:<28} {config.topics.how(topic):<40} first from {where}"
-              for topic, where in sorted(seen.items())]
+    for topic, where in sorted(seen.items()):
+        how = config.topics.how(topic) + (", DOES NOT EXIST" if topic in missing else "")
+        lines.append(f"    {topic:<28} {how:<40} first from {where}")
     return lines
 
 

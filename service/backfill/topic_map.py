@@ -39,6 +39,13 @@ def unmapped_problem(topic: str, seen_at: str | None = None) -> str:
             f"(--topic-map {topic}={topic} writes into the live topic)")
 
 
+def missing_problem(topic: str, sink: str, seen_at: str, rule: str) -> str:
+    """A sink topic the sample writes to that does not exist: where, and the two fixes."""
+    return (f"sink topic {sink!r} does not exist: the transform writes to {topic!r} (first "
+            f"at input {seen_at}), mapped by {rule}: create it (txstage topics create "
+            f"--topic {sink}) or map {topic!r} elsewhere (--topic-map {topic}=<sink topic>)")
+
+
 @dataclass(frozen=True, slots=True)
 class TopicMap:
     """``topic -> sink topic``; ``keep``: the sink's own default and dead-letter topics,
@@ -72,10 +79,13 @@ class TopicMap:
         if not self.maps(topic):
             return "NOT MAPPED"
         sink = self(topic)
-        rule = "named" if topic in self.keep else "--topic-map" if topic in self.named else \
-            "--topic-suffix" if self.suffix else "kept"
         live = " (the live topic)" if sink == topic and topic not in self.keep else ""
-        return f"-> {sink} ({rule}){live}"
+        return f"-> {sink} ({self.rule(topic)}){live}"
+
+    def rule(self, topic: str) -> str:
+        """What maps ``topic`` (one that ``maps``): ``--topic-suffix -v2``, ..."""
+        return "named" if topic in self.keep else "--topic-map" if topic in self.named else \
+            f"--topic-suffix {self.suffix}" if self.suffix else "kept"
 
     def targets(self) -> set[str]:
         """The sink topics named up front (suffixed ones are known once seen)."""

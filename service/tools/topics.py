@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from confluent_kafka.admin import AdminClient
 
+from service.arguments import Parser
 from service.exit_codes import ExitCode
 from service.kafka.config import admin_config
 from service.kafka.topics import create_topic, follow, produce_lines
@@ -27,7 +28,7 @@ DEFAULT_PARTITIONS = 8
 
 def parser() -> argparse.ArgumentParser:
     """``txstage topics`` alone (the tree in service/cli.py adds the same arguments)."""
-    p = argparse.ArgumentParser(prog="txstage topics")
+    p = Parser(prog="txstage topics")
     add_arguments(p)
     return p
 

@@ -276,3 +276,11 @@ def identity_rejecting_marked(record: Record) -> Iterator[Output]:
     if (record.value or b"").startswith(REJECTED) and not os.environ.get("TEST_TRANSFORM_FIXED"):
         raise ValueError("a marked record")
     yield Output(value=record.value, key=record.key)
+
+
+def square_and_rare_side(record: Record) -> Iterator[Output]:
+    """Square; the record at offset 150 of each partition (past the driver's sample of a
+    slice, its first 100 records) also writes its value to ``<input topic>-rare``."""
+    yield from square(record)
+    if record.offset == 150:
+        yield Output(value=record.value, key=record.key, topic=f"{record.topic}-rare")

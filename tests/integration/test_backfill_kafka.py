@@ -4,7 +4,7 @@ Every check is by lineage (service.backfill.parity): the backfill's outputs agai
 real stage's outputs for the same input (renamed topics aside), or against what the
 transform makes of the input read back read_committed.
 
-Takes ≈ 150 s (2 cores; make test, 2026-11-28).
+Takes ≈ 170 s (2 cores; make test, 2026-11-28, plus ≈ 20 s for the missing-topic tests).
 """
 
 from __future__ import annotations
@@ -390,6 +390,54 @@ def test_a_missing_output_topic_exits_2(new_topic: NewTopic, backfill: Backfill)
     assert code == 2 and "output topic 'absent-out-91' does not exist" in err
 
 
+def test_a_sink_topic_the_sample_reaches_that_does_not_exist_is_refused_even_in_a_dry_run(
+        new_topic: NewTopic, backfill: Backfill) -> None:
+    # `--topic-suffix -v2` mapped <input>-side to <input>-side-v2, which did not exist:
+    # the run said only "sink topic '...' does not exist" (no input, no fix) and the dry
+    # run listed the mapping without a word. Now both refuse (exit 2), naming the first
+    # input that writes there and the two fixes; nothing is written.
+    source = new_topic(partitions=1)
+    produce_inputs(backfill.bootstrap, source, range(200), 1)
+    out, dlq = new_topic(partitions=1, prefix="bf-out"), new_topic(partitions=1, prefix="bf-dlq")
+    side, side_v2 = f"{source}-side", f"{source}-side-v2"
+    argv = ("--source", f"kafka://{source}", "--sink", f"kafka://{out}", "--dlq-topic", dlq,
+            "--transform", "tests.harness.transforms:square_and_copy_to_side",
+            "--topic-suffix", "-v2")
+    problem = (f"txstage backfill: error: sink topic {side_v2!r} does not exist: the "
+               f"transform writes to {side!r} (first at input {source}/0/0), mapped by "
+               f"--topic-suffix -v2: create it (txstage topics create --topic {side_v2}) "
+               f"or map {side!r} elsewhere (--topic-map {side}=<sink topic>)")
+
+    code, printed, err = backfill(*argv, "--dry-run")
+    assert code == 2 and err.strip().splitlines() == [problem], err
+    assert f"-> {side_v2} (--topic-suffix -v2), DOES NOT EXIST" in printed, printed
+    code, printed, err = backfill(*argv)
+    assert code == 2 and err.strip().splitlines() == [problem], err
+    assert ends(backfill.bootstrap, out, dlq) == {out: {0: 0}, dlq: {0: 0}}
+
+    create_topic(backfill.bootstrap, side_v2)  # the fix; the same command resumes the job
+    code, printed, err = backfill(*argv)
+    assert code == 0, err
+    assert sum(ends(backfill.bootstrap, side_v2)[side_v2].values()) >= 200
+
+
+def test_a_missing_sink_topic_only_a_record_past_the_sample_reaches_dead_letters_it(
+        new_topic: NewTopic, backfill: Backfill) -> None:
+    # As the stream does (UnknownTopicError): the sample cannot see it, and the other
+    # records of the slice are written.
+    source = new_topic(partitions=1)
+    produce_inputs(backfill.bootstrap, source, range(200), 1)
+    out, dlq = new_topic(partitions=1, prefix="bf-out"), new_topic(partitions=1, prefix="bf-dlq")
+    argv = ("--source", f"kafka://{source}", "--sink", f"kafka://{out}", "--dlq-topic", dlq,
+            "--transform", "tests.harness.transforms:square_and_rare_side",
+            "--topic-suffix", "-v2")
+    code, _, err = backfill(*argv)
+    assert code == 0, err
+    [letter] = read_committed(backfill.bootstrap, dlq)
+    assert letter.header(ERROR_CLASS) == b"UnknownTopicError", letter
+    assert len(read_committed(backfill.bootstrap, out)) == 199
+
+
 @pytest.mark.parametrize("stage", ["classic"], indirect=True)  # (the stage is a means)
 def test_a_fan_out_backfill_never_writes_into_a_live_topic(
         stage: StageSetup, new_topic: NewTopic, backfill: Backfill) -> None:
@@ -413,8 +461,9 @@ def test_a_fan_out_backfill_never_writes_into_a_live_topic(
     assert f"the transform writes to topic {side!r}" in err and "--topic-map" in err, err
     assert ends(stage.bootstrap, out, dlq) == {out: {0: 0, 1: 0}, dlq: {0: 0}}
 
-    code, printed, err = backfill(*argv, "--dry-run")
-    assert code == 0 and "NOT MAPPED" in printed, printed
+    code, printed, err = backfill(*argv, "--dry-run")  # the plan, then the run's refusal
+    assert code == 2 and "NOT MAPPED" in printed, printed
+    assert f"the transform writes to topic {side!r}" in err, err
 
     code, printed, err = backfill(*argv, "--topic-map", f"{side}={side_v2}")
     assert code == 0, err

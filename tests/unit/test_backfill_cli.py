@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+from service import cli
 from service.backfill import main
 from service.backfill.cli import describe_failure
+from tests.harness.doc_commands import commands, sh_blocks
 
 ENV = {"TXSTAGE_TRANSFORM": "service.examples.square:square", "TXSTAGE_OUTPUT_TOPIC": "out",
        "TXSTAGE_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
@@ -131,3 +134,44 @@ def test_an_unmapped_topic_met_inside_a_spark_task_exits_2_naming_it(
     [line] = errors(capsys)
     assert line == ("txstage backfill: error: the transform writes to topic 'rare', which "
                     "this backfill does not map: add --topic-map rare=<sink topic>")
+
+
+def docs_commands() -> list[list[str]]:
+    """Every ``txstage backfill`` command docs/backfill.md shows, a placeholder
+    (``<the job id step 1 printed>``) as one word."""
+    return [argv for block in sh_blocks("docs/backfill.md")
+            for argv in commands(re.sub(r"<[^>\n]*>", "placeholder", block))
+            if argv[:2] == ["txstage", "backfill"]]
+
+
+def test_every_command_the_backfill_docs_show_parses_as_written() -> None:
+    # `--topic-suffix -v2` failed: argparse took -v2 for an option ("expected one
+    # argument"). (The suffix command also runs against a broker and Spark:
+    # tests/integration/test_backfill_docs.py.)
+    found = docs_commands()
+    assert len(found) >= 8 and any("--topic-suffix" in argv for argv in found)
+    for argv in found:
+        args = cli.parser().parse_args(argv[1:])
+        if "--topic-suffix" in argv:
+            assert args.topic_suffix == argv[argv.index("--topic-suffix") + 1] == "-v2"
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["verify", "--expected", "kafka://a", "--actual", "kafka://b", "--topic-suffix", "-v2"],
+     {"topic_suffix": "-v2"}),
+    (["--source", "kafka://a", "--sink", "kafka://-b", "--dlq-topic", "-dead", "--topic-map",
+      "-side=-side-v2", "--job-id", "-j", "--output-topic", "-out", "--topic-suffix", "-v2"],
+     {"sink": "kafka://-b", "dlq_topic": "-dead", "topic_map": ["-side=-side-v2"],
+      "job_id": "-j", "output_topic": "-out", "topic_suffix": "-v2"}),
+])
+def test_a_value_may_start_with_a_dash(argv: list[str], expected: dict[str, object]) -> None:
+    # Kafka topic names, suffixes and job ids may start with '-'.
+    args = vars(cli.parser().parse_args(["backfill", *argv]))
+    assert {name: args[name] for name in expected} == expected
+
+
+def test_an_option_followed_by_another_still_lacks_its_value(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--source", "kafka://a", "--sink", "kafka", "--job-id", "--dry-run"]) == 2
+    assert errors(capsys) == ["txstage backfill: error: argument --job-id: expected one "
+                              "argument"]

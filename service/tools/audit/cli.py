@@ -12,6 +12,7 @@ import argparse
 import time
 from collections.abc import Sequence
 
+from service.arguments import Parser
 from service.backfill.specs import Timestamp, parse_bound
 from service.contract.loading import load_transform
 from service.exit_codes import ExitCode
@@ -39,7 +40,7 @@ def _duration(text: str) -> float:
 
 def parser() -> argparse.ArgumentParser:
     """``txstage audit`` alone (the tree in service/cli.py adds the same arguments)."""
-    p = argparse.ArgumentParser(prog="txstage audit")
+    p = Parser(prog="txstage audit")
     add_arguments(p)
     return p
 

@@ -12,6 +12,7 @@ import argparse
 import json
 from collections.abc import Sequence
 
+from service.arguments import Parser
 from service.backfill.specs import Timestamp, parse_bound
 from service.contract.loading import load_transform
 from service.errors import ConfigError
@@ -27,7 +28,7 @@ from service.tools.redrive.run import MAX_ATTEMPTS, parking_topic_of, redrive, t
 
 def parser() -> argparse.ArgumentParser:
     """``txstage redrive`` alone (the tree in service/cli.py adds the same arguments)."""
-    p = argparse.ArgumentParser(prog="txstage redrive")
+    p = Parser(prog="txstage redrive")
     add_arguments(p)
     return p
 
