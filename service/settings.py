@@ -143,6 +143,7 @@ class Settings(BaseSettings):
     held_partition_max_bytes: int = Field(16 * 1024 * 1024, ge=1024 * 1024)
     poll_timeout_ms: int = Field(100, gt=0)
     max_record_attempts: int = Field(5, gt=0)
+    workers: int = Field(0, ge=0, le=64)  # 0: the transform runs in the stage's process
     retry_backoff_ms: int = Field(200, ge=0)
     shutdown_timeout_s: float = Field(25.0, gt=0)
     metrics_host: str = "0.0.0.0"

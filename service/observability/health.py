@@ -74,6 +74,8 @@ class Health:
         self._last_beat = clock()
         self._lock = threading.Lock()
         self._group = _Group(fatal_reason=None, joined=False, assigned=None, ready=0)
+        # TXSTAGE_WORKERS: how many transform workers are alive (None: in-process).
+        self.workers_alive: Callable[[], int] | None = None
 
     def beat(self) -> None:
         """Record that the consumer loop iterated (cheap: one time store)."""
@@ -125,6 +127,8 @@ class Health:
             return False, {"status": "awaiting_assignment", **counts}
         if group.ready != group.assigned:
             return False, {"status": "initializing_producers", **counts}
+        if self.workers_alive is not None and not self.workers_alive():
+            return False, {"status": "no_transform_worker", **counts}
         return True, {"status": "ok", **counts}
 
 

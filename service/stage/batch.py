@@ -21,7 +21,7 @@ from service.contract.processing import (
     refused,
     written_before,
 )
-from service.contract.records import Output, Record
+from service.contract.records import Output, Record, Transform
 from service.errors import (
     KafkaOperationError,
     PoisonRecordError,
@@ -73,6 +73,8 @@ class Batch(LoopState):
         held by its partitions, in order, for the next iterations (``_hand_back``)."""
         partitions = self.partitions
         transform, max_bytes = self.transform, self.limits.lookup
+        if saved:  # what the transform yielded already, in a worker or before a hold
+            transform = _replaying(saved, transform)
         default_topic, dlq_topic = self.settings.output_topic, self.settings.dlq_topic or None
         observe, clock = self._transform_seconds, time.monotonic
         produced = self._produced
@@ -106,7 +108,7 @@ class Batch(LoopState):
             if partition is not owner:
                 consumed += self._write_run(owner, run, now)
                 owner = None
-                if not partition.flowing or saved or partition.held:
+                if not partition.flowing or partition.held:
                     consumed += self._one(partition, msg, now, saved)
                     finished = clock()
                     continue
@@ -323,12 +325,29 @@ class Batch(LoopState):
         size = held_size(msg)
         partition.held_bytes += size
         self.held_bytes += size
+        self._limit(partition, len(held))
+
+    def _limit(self, partition: Partition, records: int) -> None:
+        """Stop fetching the partition at the first limit its records reach (held, or
+        out in workers: ``records`` of them)."""
         policy = self.policy
-        if (len(held) >= policy.backlog_limit
-                or partition.held_bytes >= policy.held_partition_max_bytes
+        if (records >= policy.backlog_limit
+                or partition.held_bytes + partition.inflight_bytes
+                >= policy.held_partition_max_bytes
                 or self.held_bytes >= policy.held_max_bytes) \
                 and sm.Pause.BACKLOG not in partition.state.pauses:
             self.dispatch(partition, sm.BacklogFull())
+
+    def _unlimit(self, partition: Partition, records: int) -> None:
+        """Fetch an active partition again once its records are below every limit."""
+        state = partition.state
+        policy = self.policy
+        if state.pauses and sm.Pause.BACKLOG in state.pauses and state.phase is sm.Phase.ACTIVE \
+                and records < policy.backlog_limit \
+                and partition.held_bytes + partition.inflight_bytes \
+                < policy.held_partition_max_bytes \
+                and self.held_bytes < policy.held_max_bytes:
+            self.dispatch(partition, sm.BacklogDrained())
 
     def _take_held(self, partition: Partition) -> tuple[list[Message], dict[int, list[Output]]]:
         """The partition's held records and saved outputs, no longer counted as held."""
@@ -347,19 +366,21 @@ class Batch(LoopState):
         if time.monotonic() < self.yield_at:
             held, saved = self._take_held(partition)
             self.process(held, time.monotonic(), saved)
-        state = partition.state
-        policy = self.policy
-        if state.pauses and sm.Pause.BACKLOG in state.pauses and state.phase is sm.Phase.ACTIVE \
-                and len(partition.held) < policy.backlog_limit \
-                and partition.held_bytes < policy.held_partition_max_bytes \
-                and self.held_bytes < policy.held_max_bytes:
-            self.dispatch(partition, sm.BacklogDrained())
+        self._unlimit(partition, len(partition.held))
 
     def _tell_written(self, partition: Partition) -> None:
         event = sm.Wrote(partition.batch_first, partition.batch_next, partition.batch_records,
                          partition.batch_since, partition.batch_first_ts, partition.batch_last_ts)
         partition.batch_records = 0
         partition.state, _ = sm.transition(partition.state, event, self.policy)
+
+
+def _replaying(saved: dict[int, list[Output]], transform: Transform) -> Transform:
+    """The transform, but for a record it already ran on: what it yielded then."""
+    def replay(record: Record) -> Iterable[Output]:
+        yielded = saved.pop(record.offset, None)
+        return transform(record) if yielded is None else yielded
+    return replay
 
 
 def held_size(msg: Message) -> int:

@@ -51,9 +51,11 @@ from service.stage.fetch_watch import FetchWatch
 from service.stage.guarantees.guarantee import Guarantee
 from service.stage.housekeeping import Housekeeping
 from service.stage.jobs import Jobs
+from service.stage.offload import Offload
 from service.stage.partition import Partition, TopicPartitionKey
 from service.stage.positions import Positions
 from service.stage.reports import Reports
+from service.stage.workers import WorkerPool
 
 log = structlog.get_logger(__name__)
 
@@ -63,13 +65,14 @@ _STARTUP_PHASES = (sm.Phase.INITIALISING, sm.Phase.POSITIONING)
 _MAX_STUCK_CALLS = 4
 
 
-class Loop(Batch, Positions, Reports, Housekeeping):
+class Loop(Batch, Offload, Positions, Reports, Housekeeping):
     """One replica's consumer loop over the partitions it owns. Its parts are
     mixins over the one object, so the hot path pays no extra indirection."""
 
     def __init__(self, settings: Settings, transform: Transform, metrics: Metrics,
                  health: Health, limits: OutputLimits, consumer: Consumer,
-                 committer: Guarantee, policy: sm.Policy) -> None:
+                 committer: Guarantee, policy: sm.Policy,
+                 pool: WorkerPool | None = None) -> None:
         self.settings = settings
         self.transform = transform
         self.metrics = metrics
@@ -86,7 +89,12 @@ class Loop(Batch, Positions, Reports, Housekeeping):
         self._next_housekeeping = 0.0
         self._batch = 0  # consume() calls so far
         self._assigning_since: float | None = None
-        self._transform_seconds = metrics.transform_seconds.observe
+        self.pool = pool  # TXSTAGE_WORKERS: the transform runs there (Offload)
+        self.inflight_records = 0
+        # With workers the main process only replays what they yielded: their own
+        # timings are observed instead (Offload._complete).
+        self._transform_seconds = metrics.transform_seconds.observe if pool is None \
+            else _unobserved
         self.fetch_watch = FetchWatch(settings.fetch_stall_s)
         self._fetch_check: tuple[dict[TopicPartitionKey, int], Future[object]] | None = None
         self.describe_requested = False  # set by SIGUSR1: log every partition's state
@@ -104,16 +112,26 @@ class Loop(Batch, Positions, Reports, Housekeeping):
     def iterate(self) -> None:
         self.health.beat()
         self._batch += 1
+        pool = self.pool
+        wait_s = self.settings.poll_timeout_ms / 1000
+        # Results on their way from the workers: Kafka is only looked at, the wait is
+        # for whichever comes first (serve, below).
         messages = self.consumer.consume(self.settings.batch_size,
-                                         self.settings.poll_timeout_ms / 1000)
+                                         0 if pool is not None and pool.in_flight else wait_s)
         now = self.polled_at = time.monotonic()
         self.yield_at = now + self.policy.poll_gap_s
         if len(messages) < self.settings.batch_size:
             self.fetch_watch.short_batches += 1  # librdkafka's queue ran dry
         self.raise_recorded()
         self.settle(now)
-        if messages:
-            self.process(messages, now)
+        if pool is None:
+            if messages:
+                self.process(messages, now)
+        else:
+            if messages:
+                self._submit(messages)
+            pool.serve(0 if messages or not pool.in_flight else wait_s)
+            self._complete(time.monotonic())
         self.tick(time.monotonic())
 
     def settle(self, now: float) -> None:
@@ -238,7 +256,7 @@ class Loop(Batch, Positions, Reports, Housekeeping):
             case sm.DrainHeld():
                 self._drain(partition)
             case sm.DropHeld():
-                self._take_held(partition)
+                self._discard(partition)
             case sm.LookupTopic(topic):
                 self._lookup_topic(partition, topic)
             case sm.Fail(error):
@@ -300,7 +318,7 @@ class Loop(Batch, Positions, Reports, Housekeeping):
                 self.jobs.wait(partition, deadline)
             if completion is not None and completion[0] is not None:
                 self._abandoned(partition, completion[0])  # type: ignore[arg-type]
-            self._take_held(partition)
+            self._discard(partition)
             del self.partitions[partition.key]
             with contextlib.suppress(KeyError):
                 self.metrics.consumer_lag.remove(partition.topic, str(partition.partition))
@@ -339,3 +357,7 @@ class Loop(Batch, Positions, Reports, Housekeeping):
 
 def _held_since(partition: Partition) -> float:
     return partition.held_since
+
+
+def _unobserved(seconds: float) -> None:
+    pass

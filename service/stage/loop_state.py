@@ -53,6 +53,7 @@ class LoopState:
     polled_at: float
     yield_at: float
     held_bytes: int
+    inflight_records: int
 
     # Calls between parts: each is defined by the part named beside it.
     def dispatch(self, partition: Partition, event: sm.Event) -> None:  # loop
@@ -70,6 +71,18 @@ class LoopState:
 
     def process(self, messages: Iterable[Message], now: float,  # batch
                 saved: dict[int, list[Output]] | None = None) -> None:
+        raise NotImplementedError
+
+    def _stale(self, partition: Partition, offset: int) -> bool:  # batch
+        raise NotImplementedError
+
+    def _limit(self, partition: Partition, records: int) -> None:  # batch
+        raise NotImplementedError
+
+    def _unlimit(self, partition: Partition, records: int) -> None:  # batch
+        raise NotImplementedError
+
+    def _discard(self, partition: Partition) -> None:  # offload
         raise NotImplementedError
 
     def _check_first(self, partition: Partition, offset: int) -> bool:  # positions

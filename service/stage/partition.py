@@ -25,11 +25,13 @@ class Partition:
         "batch_records",
         "batch_since",
         "check_first",
+        "epoch",
         "fetched_end",
         "flowing",
         "held",
         "held_bytes",
         "held_since",
+        "inflight_bytes",
         "job",
         "key",
         "phase_since",
@@ -58,6 +60,10 @@ class Partition:
         self.held: list[Message] = []
         self.held_bytes = 0
         self.held_since = 0.0             # when held became non-empty: oldest drains first
+        # TXSTAGE_WORKERS: bytes of its records out in worker processes, and the epoch
+        # their results must still match (a seek, an abort or a release bumps it).
+        self.inflight_bytes = 0
+        self.epoch = 0
         # offset -> what the transform yielded, for held records it already ran on
         # (an output topic was being looked up): they are not transformed again.
         self.saved: dict[int, list[Output]] = {}

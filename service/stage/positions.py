@@ -59,7 +59,7 @@ class Positions(LoopState):
         compaction, retention)."""
         if offset < 0 and partition.started_at is not None:
             offset = partition.started_at  # nothing committed yet: where it started
-        self._take_held(partition)  # fetched before the seek: read again after it
+        self._discard(partition)  # fetched before the seek: read again after it
         partition.position = max(offset, 0)
         partition.seek_to = partition.sought = offset
         partition.fetched_end = None
