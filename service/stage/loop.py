@@ -53,6 +53,7 @@ from service.stage.jobs import Jobs
 from service.stage.partition import Partition, TopicPartitionKey
 from service.stage.positions import Positions
 from service.stage.reports import Reports
+from service.stage.transform_watch import Marker
 
 log = structlog.get_logger(__name__)
 
@@ -94,6 +95,8 @@ class Loop(Batch, Positions, Reports, Housekeeping):
         # A waiting phase lasting longer than a transaction could is worth a warning.
         self._stalled_after_s = max(policy.transaction_timeout_s, 30.0) + 30.0
         self._no_offset = OFFSET_END if settings.starts_at_end else OFFSET_BEGINNING
+        self.watch = Marker()
+        self.overruns = None  # the Stage's, when TXSTAGE_TRANSFORM_TIMEOUT_MS is on
 
     def iterate(self) -> None:
         self.health.beat()

@@ -20,7 +20,9 @@ from service.stage import machine as sm
 from service.stage.fetch_watch import FetchWatch
 from service.stage.guarantees.guarantee import Guarantee
 from service.stage.jobs import Jobs
+from service.stage.overruns import OverrunBook
 from service.stage.partition import Partition, TopicPartitionKey
+from service.stage.transform_watch import Marker
 
 
 class LoopState:
@@ -50,6 +52,8 @@ class LoopState:
     _warned_near_timeout: bool
     _stalled_after_s: float
     _no_offset: int
+    watch: Marker                  # the record being transformed (TransformWatch reads it)
+    overruns: OverrunBook | None   # transform calls that overran (None: no time-out)
 
     # Calls between parts: each is defined by the part named beside it.
     def dispatch(self, partition: Partition, event: sm.Event) -> None:  # loop

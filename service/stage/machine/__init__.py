@@ -60,6 +60,7 @@ from service.stage.machine.events import (
 from service.stage.machine.phases import (
     LEGAL,
     Isolation,
+    Overrun,
     PartitionState,
     Pause,
     Phase,
@@ -101,6 +102,7 @@ __all__ = [
     "Isolation",
     "LookupPosition",
     "LookupTopic",
+    "Overrun",
     "PartitionState",
     "Pause",
     "PausePartition",
