@@ -265,3 +265,13 @@ def square_failing_on_49s(record: Record) -> Iterator[Output]:
     if n % 49 == 0:
         raise ValueError(f"{n} is a multiple of 49")
     yield from square(record)
+
+
+def hangs_at(record: Record) -> Iterator[Output]:
+    """Square, but at offset ``TEST_HANG_AT`` of partition ``TEST_HANG_PARTITION`` (default
+    0) sleep an hour, on every attempt: a call that never returns (a wedged client, a
+    deadlock). Expected output: square_unless_hung."""
+    if record.partition == int(os.environ.get("TEST_HANG_PARTITION", "0")) and \
+            record.offset == int(os.environ.get("TEST_HANG_AT", "30")):
+        time.sleep(3600)
+    yield from square(record)
