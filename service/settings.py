@@ -144,6 +144,7 @@ class Settings(BaseSettings):
     poll_timeout_ms: int = Field(100, gt=0)
     max_record_attempts: int = Field(5, gt=0)
     workers: int = Field(0, ge=0, le=64)  # 0: the transform runs in the stage's process
+    transform_timeout_ms: int = Field(60_000, ge=0)  # 0: a transform call runs unwatched
     retry_backoff_ms: int = Field(200, ge=0)
     shutdown_timeout_s: float = Field(25.0, gt=0)
     metrics_host: str = "0.0.0.0"
@@ -191,7 +192,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:
-        timed = not _FAILED.get() & {"guarantee", "commit_interval_ms", "transaction_timeout_ms"}
+        timed = not _FAILED.get() & {"guarantee", "commit_interval_ms", "transaction_timeout_ms",
+                                     "transform_timeout_ms"}
         problems = [*self._protected_overrides(), *(self._timing_problems() if timed else []),
                     *self._protocol_problems(), *self._reset_problems()]
         if self.dlq_topic and self.dlq_topic in self.input_topics:
@@ -237,13 +239,18 @@ class Settings(BaseSettings):
         return value is not None and OFFSET_RESETS.get(value.get_secret_value(), False)
 
     def _timing_problems(self) -> list[str]:
-        # A transaction stays open about one commit interval; leave the
-        # coordinator ample room before it times the transaction out.
-        if self.guarantee == "exactly_once" and \
-                self.commit_interval_ms * 10 > self.transaction_timeout_ms:
-            return [f"TXSTAGE_COMMIT_INTERVAL_MS={self.commit_interval_ms} must be at most a "
-                    f"tenth of TXSTAGE_TRANSACTION_TIMEOUT_MS={self.transaction_timeout_ms}"]
-        return []
+        # A transaction stays open an interval: room before the coordinator times it out.
+        found = [f"TXSTAGE_COMMIT_INTERVAL_MS={self.commit_interval_ms} must be at most a "
+                 f"tenth of TXSTAGE_TRANSACTION_TIMEOUT_MS={self.transaction_timeout_ms}"] if \
+            self.exactly_once and self.commit_interval_ms * 10 > self.transaction_timeout_ms else []
+        # Past max.poll.interval.ms the partitions move before an overrun is recorded.
+        poll = self.consumer.get("max.poll.interval.ms") or self.kafka.get("max.poll.interval.ms")
+        poll_ms = poll.get_secret_value().strip() if poll is not None else "300000"
+        if poll_ms.isdigit() and self.transform_timeout_ms >= int(poll_ms) and \
+                "transform_timeout_ms" in self.model_fields_set:
+            found.append(f"TXSTAGE_TRANSFORM_TIMEOUT_MS={self.transform_timeout_ms} must be "
+                         f"below the consumer's max.poll.interval.ms ({poll_ms}), or 0 (off)")
+        return found
 
     def passthrough_variable(self, section: str, prop: str) -> str:
         """The variable that set pass-through ``prop`` of ``section``, as spelled."""

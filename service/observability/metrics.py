@@ -158,6 +158,11 @@ class Metrics:
             "Partitions found unfetched though Kafka held committed records past their "
             "position; each one's fetcher was restarted", registry=registry,
         )
+        self.transform_timeouts = Counter(
+            "txstage_transform_timeouts",
+            "Transform calls that ran past TXSTAGE_TRANSFORM_TIMEOUT_MS (the replica then "
+            "exits)", registry=registry,
+        )
         self.rebalances = Counter(
             "txstage_rebalances",
             "Rebalance callbacks, by kind", ["kind"], registry=registry,

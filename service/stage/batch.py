@@ -30,6 +30,7 @@ from service.kafka.messages import to_record
 from service.stage import machine as sm
 from service.stage.loop_state import LoopState
 from service.stage.partition import Partition
+from service.stage.transform_watch import exhausted
 
 log = structlog.get_logger(__name__)
 
@@ -77,7 +78,7 @@ class Batch(LoopState):
             transform = _replaying(saved, transform)
         default_topic, dlq_topic = self.settings.output_topic, self.settings.dlq_topic or None
         observe, clock = self._transform_seconds, time.monotonic
-        produced = self._produced
+        produced, watch = self._produced, self.watch  # watch: TXSTAGE_TRANSFORM_TIMEOUT_MS
         owner: Partition | None = None  # the flowing partition whose run this is
         run: list[Processed] = []
         consumed = position = 0         # position: the owner's next offset, as of the run
@@ -119,6 +120,7 @@ class Batch(LoopState):
                 continue  # a stale fetch from before a seek
             record = to_record(msg)
             started = clock()
+            watch.record = record
             try:
                 result = process(transform, record, default_topic=default_topic,
                                  dlq_topic=dlq_topic, max_bytes=max_bytes)
@@ -128,6 +130,7 @@ class Batch(LoopState):
                 self._not_processed(partition, msg, exc, now)
                 continue
             finally:
+                watch.record = None
                 finished = clock()
             observe(finished - started)
             outputs, failure = result
@@ -234,6 +237,9 @@ class Batch(LoopState):
                 self._hold(partition, msg, saved)
                 return False
         refusal = state.refused.get(offset)
+        overrun = state.overrun  # calls on it overran: dead-lettered once they were too many
+        timed_out = exhausted(overrun, offset, self.policy.max_record_attempts) if overrun \
+            else None
         record = to_record(msg)
         started = time.perf_counter()
         settings = self.settings
@@ -242,16 +248,19 @@ class Batch(LoopState):
         if yielded is not None:
             transform = lambda _record: yielded  # noqa: E731 (as yielded on the first run)
         try:
-            if refusal is not None:
-                result = refused(record, OutputRefusedError(refusal), settings.dlq_topic or None,
-                                 self.limits.lookup)
+            if refusal is not None or timed_out is not None:
+                result = refused(record, timed_out or OutputRefusedError(refusal),
+                                 settings.dlq_topic or None, self.limits.lookup)
             else:
+                self.watch.record = record
                 result = process(transform, record, default_topic=settings.output_topic,
                                  dlq_topic=settings.dlq_topic or None,
                                  max_bytes=self.limits.lookup)
         except (PoisonRecordError, TopicLimitPending) as exc:
             self._not_processed(partition, msg, exc, now)
             return False
+        finally:
+            self.watch.record = None
         self._transform_seconds(time.perf_counter() - started)
         return self._written(partition, record, result, now)
 

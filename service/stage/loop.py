@@ -55,6 +55,7 @@ from service.stage.offload import Offload
 from service.stage.partition import Partition, TopicPartitionKey
 from service.stage.positions import Positions
 from service.stage.reports import Reports
+from service.stage.transform_watch import Marker
 from service.stage.workers import WorkerPool
 
 log = structlog.get_logger(__name__)
@@ -108,6 +109,8 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
         self.held_bytes = 0  # the bytes every partition holds (Batch._hold)
         # Read at scrape time, so it grows while the loop is stuck between two polls.
         metrics.seconds_since_poll.set_function(lambda: time.monotonic() - self.polled_at)
+        self.watch = Marker()
+        self.overruns = None  # the Stage's, when TXSTAGE_TRANSFORM_TIMEOUT_MS is on
 
     def iterate(self) -> None:
         self.health.beat()

@@ -20,7 +20,9 @@ from service.stage import machine as sm
 from service.stage.fetch_watch import FetchWatch
 from service.stage.guarantees.guarantee import Guarantee
 from service.stage.jobs import Jobs
+from service.stage.overruns import OverrunBook
 from service.stage.partition import Partition, TopicPartitionKey
+from service.stage.transform_watch import Marker
 
 
 class LoopState:
@@ -54,6 +56,8 @@ class LoopState:
     yield_at: float
     held_bytes: int
     inflight_records: int
+    watch: Marker                  # the record being transformed (TransformWatch reads it)
+    overruns: OverrunBook | None   # transform calls that overran (None: no time-out)
 
     # Calls between parts: each is defined by the part named beside it.
     def dispatch(self, partition: Partition, event: sm.Event) -> None:  # loop

@@ -3,6 +3,7 @@ a commit or a lookup runs, and the background work in flight for it."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 
 from confluent_kafka import Message, TopicPartition
@@ -18,6 +19,7 @@ class Partition:
 
     __slots__ = (
         "_state",
+        "assigned_at",
         "batch_first",
         "batch_first_ts",
         "batch_last_ts",
@@ -51,6 +53,7 @@ class Partition:
 
     def __init__(self, topic: str, partition: int) -> None:
         self.key: TopicPartitionKey = (topic, partition)
+        self.assigned_at = time.monotonic()  # a read of the overruns after it is current
         self.tp = TopicPartition(topic, partition)
         self._state = PartitionState(Phase.INITIALISING)
         self.flowing = False              # state.flowing, kept as the state changes

@@ -180,6 +180,7 @@ class Positions(LoopState):
         topic, number = partition.key
         deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000 + 30
         cluster, group = self.limits.cluster, self.settings.group_id
+        overruns, assigned_at = self.overruns, partition.assigned_at
 
         def job() -> sm.Event:
             stable = True
@@ -187,7 +188,9 @@ class Positions(LoopState):
                 try:
                     offset = cluster.committed_offset(group, topic, number, require_stable=stable,
                                                       timeout_s=_STABLE_READ_S)
-                    return sm.Positioned(offset, time.monotonic())
+                    # A transform call an earlier owner saw overrun (stage/transform_watch.py).
+                    overrun = overruns.entry(topic, number, assigned_at) if overruns else None
+                    return sm.Positioned(offset, time.monotonic(), overrun)
                 except KafkaOperationError as error:
                     pending = isinstance(error, RetriableError) or \
                         error.code == KafkaError.UNSTABLE_OFFSET_COMMIT

@@ -284,3 +284,13 @@ def square_and_rare_side(record: Record) -> Iterator[Output]:
     yield from square(record)
     if record.offset == 150:
         yield Output(value=record.value, key=record.key, topic=f"{record.topic}-rare")
+
+
+def hangs_at(record: Record) -> Iterator[Output]:
+    """Square, but at offset ``TEST_HANG_AT`` of partition ``TEST_HANG_PARTITION`` (default
+    0) sleep an hour, on every attempt: a call that never returns (a wedged client, a
+    deadlock). Expected output: square_unless_hung."""
+    if record.partition == int(os.environ.get("TEST_HANG_PARTITION", "0")) and \
+            record.offset == int(os.environ.get("TEST_HANG_AT", "30")):
+        time.sleep(3600)
+    yield from square(record)

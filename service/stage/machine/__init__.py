@@ -61,6 +61,7 @@ from service.stage.machine.events import (
 from service.stage.machine.phases import (
     LEGAL,
     Isolation,
+    Overrun,
     PartitionState,
     Pause,
     Phase,
@@ -103,6 +104,7 @@ __all__ = [
     "Isolation",
     "LookupPosition",
     "LookupTopic",
+    "Overrun",
     "PartitionState",
     "Pause",
     "PausePartition",

@@ -10,6 +10,7 @@ from service.errors import (
     KafkaOperationError,
     PoisonRecordError,
 )
+from service.stage.machine.phases import Overrun
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +38,12 @@ class InitFailed:
 
 @dataclass(frozen=True, slots=True)
 class Positioned:
-    """The offset committed in Kafka (read_committed: RequireStable); < 0 when none."""
+    """The offset committed in Kafka (read_committed: RequireStable); < 0 when none;
+    and the overrun an earlier owner recorded for the partition, if any."""
 
     offset: int
     now: float
+    overrun: Overrun | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,9 +72,12 @@ def positioned(state: PartitionState, event: Positioned, policy: Policy) -> Step
     pauses = state.pauses
     if state.resume_at is not None and event.now < state.resume_at:
         pauses = pauses | {Pause.BACKOFF}
+    overrun = event.overrun  # one below the committed offset is settled: stale
+    if overrun is not None and offset > overrun.offset:
+        overrun = None
     return replace(state, phase=Phase.ACTIVE, txn=None, isolation=isolation, refused=refused,
                    name_until=name_until, suspects=suspects, pauses=pauses, failures=(),
-                   abort_error=None), [Seek(offset)]
+                   abort_error=None, overrun=overrun), [Seek(offset)]
 
 
 def commit_due(state: PartitionState, event: CommitDue, policy: Policy) -> Step:
@@ -96,10 +99,14 @@ def commit_done(state: PartitionState, event: CommitDone, policy: Policy) -> Ste
     if name_until is not None and txn.next >= name_until:
         name_until = None  # every record below it was written named
     poison = state.poison_offset
+    overrun = state.overrun  # past it: flowing again (a rewind's Positioned brings it back)
+    if overrun is not None and txn.next > overrun.offset:
+        overrun = None
     # Refused offsets stay until Kafka's committed offset passes them (Positioned):
     # an at-least-once "commit" only seals a window, and a rewind may go back before it.
     committed = replace(
         state, txn=None, abort_streak=0, isolation=isolation, name_until=name_until,
+        overrun=overrun,
         poison_offset=None if poison is not None and txn.next > poison else poison,
         poison_attempts=0 if poison is not None and txn.next > poison else state.poison_attempts,
         pauses=state.pauses - {Pause.BACKLOG})
