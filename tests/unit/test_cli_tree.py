@@ -29,7 +29,7 @@ def test_the_exit_codes_keep_their_numbers() -> None:
     assert {code.name: int(code) for code in ExitCode} == {
         "OK": 0, "FAILED": 1, "CONFIG": 2, "POISON": 3, "UNFINISHED": 4}
     assert (ExitCode.FATAL, ExitCode.VIOLATIONS, ExitCode.DIFFERENT) == (1, 1, 1)
-    assert ExitCode.NOT_RUNNING == 3
+    assert (ExitCode.NOT_RUNNING, ExitCode.UNREACHABLE) == (3, 4)
 
 
 def test_no_other_module_defines_exit_codes() -> None:
