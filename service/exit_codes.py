@@ -28,6 +28,8 @@ an alias of the same member (``ExitCode.NOT_RUNNING is ExitCode.POISON``)::
                                                 dead-letters the record
     4     UNFINISHED   audit, redrive           could not finish (cluster unreachable, a
                                                 read or a transaction that timed out)
+          UNREACHABLE  run, check-config        the cluster could not be queried at
+                                                start-up (``run`` asks for 120 s)
 
 Not in the table: ``128 + signal`` when a second SIGTERM/SIGINT ends ``run`` at once
 (``service.cli``), as a shell reports a process a signal ended.
@@ -53,3 +55,4 @@ class ExitCode(IntEnum):
     VIOLATIONS = 1  # audit
     DIFFERENT = 1  # backfill verify
     NOT_RUNNING = 3  # kafka status
+    UNREACHABLE = 4  # run, check-config

@@ -14,6 +14,7 @@ from service.errors import (
     DeniedError,
     KafkaOperationError,
     RetriableError,
+    UnreachableError,
     Where,
     transactional_prefix,
 )
@@ -99,7 +100,8 @@ def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) 
     through a new admin client: a replica that starts during a broker restart waits
     for it instead of exiting (docs/decisions.md, "A cluster that cannot answer at
     start-up is asked again")."""
-    deadline = time.monotonic() + wait_s
+    began = time.monotonic()
+    deadline = began + wait_s
 
     def checks() -> tuple[list[str], Checked | None]:
         try:
@@ -115,8 +117,9 @@ def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) 
             raise
 
     def waiting(exc: RetriableError) -> None:
+        now = time.monotonic()
         log.warning("startup.cluster_unavailable", error=str(exc),
-                    waiting_s=round(deadline - time.monotonic(), 1))
+                    waited_s=round(now - began, 1), left_s=round(max(deadline - now, 0), 1))
 
     try:
         # renew: a client that waited through the outage may not recover
@@ -125,15 +128,14 @@ def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) 
     except DeniedError as exc:
         raise ConfigError(str(exc)) from exc
     except KafkaOperationError as exc:  # a RetriableError too, once the wait is over
-        raise _unreachable(settings, exc) from exc
+        raise UnreachableError(
+            f"cannot query the cluster at TXSTAGE_BOOTSTRAP_SERVERS="
+            f"{settings.bootstrap_servers} (asked for {time.monotonic() - began:.0f} s): "
+            f"{exc.where}: {exc.error.str()}; check the address and that the brokers are up"
+        ) from exc
     if problems or checked is None:
         raise ConfigError(*problems)
     return checked
-
-
-def _unreachable(settings: Settings, exc: KafkaOperationError) -> ConfigError:
-    return ConfigError(f"cannot query the cluster at TXSTAGE_BOOTSTRAP_SERVERS="
-                       f"{settings.bootstrap_servers}: {exc}")
 
 
 def _missing(permission: str) -> str:

@@ -100,6 +100,7 @@ def bootstrap_problem(value: str) -> str | None:
         found = _BROKER.fullmatch(entry)
         why = ("has a space" if any(char.isspace() for char in entry) else
                "has no port" if ":" not in entry else
+               "has a ';': separate brokers with commas" if ";" in entry else
                "needs brackets around its IPv6 address" if "[" not in entry
                and entry.count(":") > 1 and "://" not in entry else
                "is not host:port" if found is None else
@@ -192,13 +193,16 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:
-        timed = not _FAILED.get() & {"guarantee", "commit_interval_ms", "transaction_timeout_ms",
-                                     "transform_timeout_ms"}
+        failed = _FAILED.get()
+        timed = not failed & {"guarantee", "commit_interval_ms", "transaction_timeout_ms",
+                              "transform_timeout_ms"}
         problems = [*self._protected_overrides(), *(self._timing_problems() if timed else []),
                     *self._protocol_problems(), *self._reset_problems()]
-        if self.dlq_topic and self.dlq_topic in self.input_topics:
+        # Topics that failed are stand-ins, all spelt alike: they conflict with nothing.
+        inputs = () if "input_topics" in failed else self.input_topics
+        if self.dlq_topic and "dlq_topic" not in failed and self.dlq_topic in inputs:
             problems.append("TXSTAGE_DLQ_TOPIC must not be one of the input topics")
-        if self.output_topic in self.input_topics:
+        if "output_topic" not in failed and self.output_topic in inputs:
             problems.append("TXSTAGE_OUTPUT_TOPIC must not be one of the input topics")
         if problems:
             raise ValueError("\n".join(problems))  # one line each (load_settings)

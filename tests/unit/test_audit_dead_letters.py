@@ -144,3 +144,24 @@ def test_a_letter_of_an_output_to_a_missing_topic_stands_for_it_and_is_not_pendi
                                          max_bytes=unlimited))
     report = audit(("dlq", 0, letter), ("new", 0, output), transform=to_a_new_topic)
     assert report.ok and report.letters_pending == 0, report.to_json()
+
+
+def test_the_report_says_why_the_records_read_are_not_the_expected_outputs() -> None:
+    # A write-time letter, then its redriven output: one output expected, two records
+    # read, a clean audit. The summary said only "expected outputs 1" and "2 outputs".
+    [letter] = refused_by_the_broker(INPUT).outputs
+    redriven = read(letter, 0)
+    [output] = _marked(redriven, process(copy, redriven.original, default_topic="out",
+                                         dlq_topic="dlq", max_bytes=unlimited))
+    report = audit(("dlq", 0, letter), ("out", 0, output))
+    report.inputs, report.outputs_read, report.seconds = 1, 2, 1.0
+    assert report.ok and report.expected_outputs == 1, report.to_json()
+    lines = report.summary().splitlines()
+    assert lines[0].startswith("audited 1 inputs in 0 partition(s) and 2 records of the "
+                               "output, dead-letter and parking topics in 1.0 s"), lines[0]
+    assert "the transform ran on every input, so its speed bounds this" in lines[0]
+    assert lines[1].startswith("expected outputs 1: what the transform makes of the inputs "
+                               "now, a dead letter for each it fails on."), lines[1]
+    for counted in ("dead letters standing for outputs", "the letters beside redriven "
+                    "outputs", "parked letters"):
+        assert counted in lines[1], lines[1]

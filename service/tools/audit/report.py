@@ -73,10 +73,16 @@ class AuditReport:
 
     def summary(self) -> str:
         lines = [f"audited {self.inputs} inputs in {len(self.windows)} partition(s) and "
-                 f"{self.outputs_read} outputs in {self.seconds:.1f} s "
-                 f"({self.rate:,.0f} records/s)",
-                 f"expected outputs {self.expected_outputs}; outputs of inputs outside the "
-                 f"window (newer than the committed offsets): {self.outputs_ahead}",
+                 f"{self.outputs_read} records of the output, dead-letter and parking topics "
+                 f"in {self.seconds:.1f} s ({self.rate:,.0f} records/s; the transform ran "
+                 f"on every input, so its speed bounds this)",
+                 f"expected outputs {self.expected_outputs}: what the transform makes of the "
+                 f"inputs now, a dead letter for each it fails on. The records read also "
+                 f"count dead letters standing for outputs (refused at write time, or not "
+                 f"redriven yet), the letters beside redriven outputs, and parked letters: "
+                 f"the two counts differ while such letters exist",
+                 f"outputs of inputs outside the window (newer than the committed offsets): "
+                 f"{self.outputs_ahead}",
                  f"dead letters the transform now handles, not redriven yet: "
                  f"{self.letters_pending}; parked by redrive (accounted for): "
                  f"{self.letters_parked}"]
