@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -26,6 +25,7 @@ from dotenv import dotenv_values
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.bootstrap_servers import bootstrap_problem
 from service.errors import ConfigError
 
 Guarantee = Literal["exactly_once", "at_least_once"]
@@ -83,33 +83,6 @@ def _split(value: object) -> object:
     if isinstance(value, str):
         return tuple(part.strip() for part in value.split(",") if part.strip())
     return value
-
-
-_BROKER = re.compile(r"(?:\w+://)?(?:\[[0-9A-Fa-f:.]+(?:%\w+)?\]|[\w.-]+):(?P<port>\d{1,5})",
-                     re.ASCII)  # librdkafka allows <protocol>:// before each
-_EXAMPLE = "e.g. kafka-1:9092,kafka-2:9092 or [::1]:9092"
-
-
-def bootstrap_problem(value: str) -> str | None:
-    """What is wrong with a bootstrap.servers list (comma-separated host:port, port
-    1-65535, an IPv6 address in brackets), or None; the whole value is quoted."""
-    entries = [entry.strip() for entry in value.split(",") if entry.strip()]
-    if not entries:
-        return f"empty: name the brokers as comma-separated host:port, {_EXAMPLE}"
-    for entry in entries:
-        found = _BROKER.fullmatch(entry)
-        why = ("has a space" if any(char.isspace() for char in entry) else
-               "has no port" if ":" not in entry else
-               "has a ';': separate brokers with commas" if ";" in entry else
-               "needs brackets around its IPv6 address" if "[" not in entry
-               and entry.count(":") > 1 and "://" not in entry else
-               "is not host:port" if found is None else
-               f"has the port {found['port']}, not 1-65535"
-               if not 1 <= int(found["port"]) <= 65535 else None)
-        if why is not None:
-            return f"{value!r} is not a comma-separated list of host:port, {_EXAMPLE} " \
-                   f"({entry!r} {why})"
-    return None
 
 
 # The fields whose values stand in for ones that failed (load_settings' second pass): a

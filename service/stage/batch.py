@@ -4,8 +4,7 @@ the guarantee, with the clock looked at between records (checkpoints)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
-from itertools import chain
+from collections.abc import Iterable
 
 import structlog
 from confluent_kafka import (
@@ -28,7 +27,7 @@ from service.errors import (
 )
 from service.kafka.messages import to_record
 from service.stage import machine as sm
-from service.stage.loop_state import LoopState
+from service.stage.holding import Holding
 from service.stage.partition import Partition
 from service.stage.transform_watch import exhausted
 
@@ -46,7 +45,7 @@ _NO_LIMIT = 1 << 62
 _ACTIVE = sm.Phase.ACTIVE
 
 
-class Batch(LoopState):
+class Batch(Holding):
     """The hot path of :class:`Loop`: a consumed batch through the transform."""
 
     def process(self, messages: Iterable[Message], now: float,  # noqa: PLR0915 (inlined:
@@ -292,91 +291,6 @@ class Batch(LoopState):
             self.dispatch(partition, sm.TopicUnknown(exc.topic))
             self._hold(partition, msg)
 
-    def _stale(self, partition: Partition, offset: int) -> bool:
-        """A record fetched before the partition's last seek: it is read again."""
-        return offset < partition.position or partition.seek_to is not None \
-            or partition.seek_batch == self._batch
-
-    def _hand_back(self, first: Message, rest: Iterator[Message],
-                   saved: dict[int, list[Output]] | None) -> None:
-        """The poll-gap bound ends the batch at ``first``: it and the rest are held by
-        their partitions, in order (a record the partition would not process now, as
-        ``_one`` decides, is dropped: it is read again after its seek), and are
-        processed first once the loop has been back to consume()."""
-        partitions = self.partitions
-        for msg in chain((first,), rest):
-            if msg.error() is not None:
-                self._consume_error(msg.error(), msg)  # type: ignore[arg-type]
-                continue
-            partition = partitions.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
-            if partition is None or self._stale(partition, msg.offset()):  # type: ignore[arg-type]
-                continue
-            state = partition.state
-            if state.holding or partition.held or (state.phase is sm.Phase.ACTIVE and not (
-                    state.pauses and sm.Pause.BACKOFF in state.pauses)):
-                self._hold(partition, msg, saved)
-        self.metrics.poll_gap_yields.inc()
-
-    def _hold(self, partition: Partition, msg: Message,
-              saved: dict[int, list[Output]] | None = None) -> None:
-        """Hold a record, in order, with what the transform already yielded for it
-        (``saved``, when a held record is held again: it is not transformed twice).
-        At the first limit reached (records or bytes held by the partition, or bytes
-        held by the replica) the partition stops fetching until they are processed."""
-        if saved:
-            yielded = saved.pop(msg.offset(), None)  # type: ignore[arg-type]
-            if yielded is not None:
-                partition.saved[msg.offset()] = yielded  # type: ignore[index]
-        held = partition.held
-        if not held:
-            partition.held_since = time.monotonic()
-        held.append(msg)
-        size = held_size(msg)
-        partition.held_bytes += size
-        self.held_bytes += size
-        self._limit(partition, len(held))
-
-    def _limit(self, partition: Partition, records: int) -> None:
-        """Stop fetching the partition at the first limit its records reach (held, or
-        out in workers: ``records`` of them)."""
-        policy = self.policy
-        if (records >= policy.backlog_limit
-                or partition.held_bytes + partition.inflight_bytes
-                >= policy.held_partition_max_bytes
-                or self.held_bytes >= policy.held_max_bytes) \
-                and sm.Pause.BACKLOG not in partition.state.pauses:
-            self.dispatch(partition, sm.BacklogFull())
-
-    def _unlimit(self, partition: Partition, records: int) -> None:
-        """Fetch an active partition again once its records are below every limit."""
-        state = partition.state
-        policy = self.policy
-        if state.pauses and sm.Pause.BACKLOG in state.pauses and state.phase is sm.Phase.ACTIVE \
-                and records < policy.backlog_limit \
-                and partition.held_bytes + partition.inflight_bytes \
-                < policy.held_partition_max_bytes \
-                and self.held_bytes < policy.held_max_bytes:
-            self.dispatch(partition, sm.BacklogDrained())
-
-    def _take_held(self, partition: Partition) -> tuple[list[Message], dict[int, list[Output]]]:
-        """The partition's held records and saved outputs, no longer counted as held."""
-        held, partition.held = partition.held, []
-        saved, partition.saved = partition.saved, {}
-        self.held_bytes -= partition.held_bytes
-        partition.held_bytes = 0
-        return held, saved
-
-    def _drain(self, partition: Partition) -> None:
-        """Process what the partition holds (before anything fetched later), as far as
-        the poll-gap bound allows; the rest stays held, in order. Once below the
-        limits, an active partition fetches again."""
-        if partition.releasing or not partition.held:
-            return
-        if time.monotonic() < self.yield_at:
-            held, saved = self._take_held(partition)
-            self.process(held, time.monotonic(), saved)
-        self._unlimit(partition, len(partition.held))
-
     def _tell_written(self, partition: Partition) -> None:
         event = sm.Wrote(partition.batch_first, partition.batch_next, partition.batch_records,
                          partition.batch_since, partition.batch_first_ts, partition.batch_last_ts)
@@ -390,16 +304,6 @@ def _replaying(saved: dict[int, list[Output]], transform: Transform) -> Transfor
         yielded = saved.pop(record.offset, None)
         return transform(record) if yielded is None else yielded
     return replay
-
-
-def held_size(msg: Message) -> int:
-    """A held record's bytes: its key, value and headers."""
-    size = len(msg.value() or b"") + len(msg.key() or b"")
-    headers: list[tuple[str, bytes | None]] | None = msg.headers()  # type: ignore[assignment]
-    if headers:
-        for name, value in headers:
-            size += len(name) + len(value or b"")
-    return size
 
 
 def _advance(partition: Partition, first: Record, last: Record, records: int,

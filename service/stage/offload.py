@@ -14,7 +14,7 @@ from confluent_kafka import Message
 
 from service.contract.records import Output
 from service.stage import machine as sm
-from service.stage.batch import held_size
+from service.stage.holding import held_size
 from service.stage.loop_state import LoopState
 from service.stage.partition import Partition, TopicPartitionKey
 from service.stage.workers import WorkerPool
