@@ -41,7 +41,7 @@ from service.tools.audit.report import AuditReport
 # one, one is larger than its topic accepts, or its topic does not exist: the last two
 # come from the stage's topic limits, which the audit does not ask): the transform alone
 # cannot foresee them.
-_WRITE_TIME = {error.__qualname__.encode()
+WRITE_TIME = {error.__qualname__.encode()
                for error in (OutputRefusedError, OutputTooLargeError, UnknownTopicError)}
 
 
@@ -206,7 +206,7 @@ class _Audit:
             # Parked wherever it is read: redrive appends the mark last (letters.parse).
             parked = str(msg.topic()) if headers[-1][0] == PARKED else None
             found = ledger.letter(tag.offset, int(attempt or 0),
-                                  replaces_outputs=error_class in _WRITE_TIME, parked_in=parked)
+                                  replaces_outputs=error_class in WRITE_TIME, parked_in=parked)
         else:
             found = ledger.see(tag.offset, tag.idx,
                                digest(tag.idx, str(msg.topic()), msg.key(), msg.value()),
