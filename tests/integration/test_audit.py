@@ -150,6 +150,20 @@ def _committed_or_error(bootstrap: str, group: str, topic: str) -> object:
         return exc
 
 
+def plant_a_loss(setup: StageSetup) -> str:
+    """A new input on partition 3 the group's offset is committed past, with no output:
+    its coordinates."""
+    producer = Producer({"bootstrap.servers": setup.bootstrap})
+    producer.produce(setup.input_topic, b"12345", b"lost", partition=3)
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": setup.bootstrap, "group.id": setup.group_id})
+    [position] = consumer.committed([TopicPartition(setup.input_topic, 3)], timeout=30)
+    consumer.commit(offsets=[TopicPartition(setup.input_topic, 3, position.offset + 1)],
+                    asynchronous=False)
+    consumer.close()
+    return f"{setup.input_topic}/3/{position.offset}"
+
+
 def test_a_planted_duplicate_a_lost_input_and_an_orphan_output_are_each_found(
         settled: StageSetup) -> None:
     setup = settled
@@ -163,14 +177,8 @@ def test_a_planted_duplicate_a_lost_input_and_an_orphan_output_are_each_found(
                      partition=original.partition, headers=original.headers)
     # An orphan: an output that names no input.
     producer.produce(setup.output_topic, b"orphan", b"k", partition=0)
-    # A loss: a new input the group's offset is committed past, with no output.
-    producer.produce(setup.input_topic, b"12345", b"lost", partition=3)
     assert producer.flush(30) == 0
-    consumer = Consumer({"bootstrap.servers": setup.bootstrap, "group.id": setup.group_id})
-    [position] = consumer.committed([TopicPartition(setup.input_topic, 3)], timeout=30)
-    consumer.commit(offsets=[TopicPartition(setup.input_topic, 3, position.offset + 1)],
-                    asynchronous=False)
-    consumer.close()
+    lost = plant_a_loss(setup)
 
     code, report, err = audit(setup, "--stuck-after", "1")
     assert code == 1, (err, report)
@@ -181,7 +189,7 @@ def test_a_planted_duplicate_a_lost_input_and_an_orphan_output_are_each_found(
     assert isinstance(found, dict)
     lineage = dict(original.headers)["txstage.src"].decode()
     assert lineage in found["duplicate"]["examples"][0]
-    assert found["missing"]["examples"] == [f"{setup.input_topic}/3/{position.offset}"]
+    assert found["missing"]["examples"] == [lost]
     assert "no lineage headers" in found["unexpected"]["examples"][0]
 
 
@@ -298,14 +306,8 @@ def test_the_documented_verifier_is_clean_on_write_time_letters_and_a_redrive(
     producer = Producer({"bootstrap.servers": setup.bootstrap, "enable.idempotence": True})
     producer.produce(missing, copied.value, copied.key, partition=copied.partition,
                      headers=copied.headers)
-    producer.produce(setup.input_topic, b"12345", b"lost", partition=3)
     assert producer.flush(30) == 0
-    consumer = Consumer({"bootstrap.servers": setup.bootstrap, "group.id": setup.group_id})
-    [position] = consumer.committed([TopicPartition(setup.input_topic, 3)], timeout=30)
-    consumer.commit(offsets=[TopicPartition(setup.input_topic, 3, position.offset + 1)],
-                    asynchronous=False)
-    consumer.close()
+    lost = plant_a_loss(setup)
     code, report, err = audit(setup, "--stuck-after", "1")
     assert code == 1 and violations(report) == {"duplicate": 1, "missing": 1}, (err, report)
-    assert report["violations"]["missing"]["examples"] == [  # type: ignore[index]
-        f"{setup.input_topic}/3/{position.offset}"]
+    assert report["violations"]["missing"]["examples"] == [lost]  # type: ignore[index]
