@@ -61,3 +61,20 @@ def test_a_real_loss_beside_an_unjudged_input_is_still_found() -> None:
     report = compare(as_read([(0, plain), (1, plain), (0, letter)]), expected)
     assert report.duplicates == [("in/0/0", 0)]
     assert report.missing == [("in/0/1", 0), ("in/0/3", 0)]
+
+
+def test_a_model_that_dead_letters_the_input_judges_its_write_time_letter() -> None:
+    """The tests check a stage whose outputs the broker refuses against a transform
+    that fails on those inputs: the letter is expected, so it is judged, not set aside."""
+    def failing_on_2(record: Record) -> list[Output]:
+        if record.offset == 2:
+            raise ValueError("refused by the broker")
+        return copy(record)
+
+    expected = expected_outputs(INPUTS, failing_on_2, default_topic="out", dlq_topic="dlq")
+    plain = [process(copy, r, default_topic="out", dlq_topic="dlq", max_bytes=unlimited)
+             .outputs[0] for r in INPUTS]
+    [letter] = refused(INPUTS[2], OutputRefusedError("refused"), "dlq").outputs
+    report = compare(as_read([(0, plain[0]), (1, plain[1]), (0, letter), (2, plain[3])]),
+                     expected)
+    assert report.ok and not report.unjudged, report.problems()
