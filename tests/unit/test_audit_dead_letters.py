@@ -165,3 +165,37 @@ def test_the_report_says_why_the_records_read_are_not_the_expected_outputs() -> 
     for counted in ("dead letters standing for outputs", "the letters beside redriven "
                     "outputs", "parked letters"):
         assert counted in lines[1], lines[1]
+
+
+def broken(record: Record) -> list[Output]:
+    raise ValueError("still broken")
+
+
+def test_a_parked_letter_is_counted_once_per_input_and_named_by_the_topic_holding_it() -> None:
+    """Parked letters are accounted for wherever they are read: counted per input (its
+    latest letter), with the topic that holds it; an input redriven since is not."""
+    [letter] = process(broken, INPUT, default_topic="out", dlq_topic="dlq",
+                       max_bytes=unlimited).outputs
+    first = read(letter, 0)
+    [parked] = _marked(first, process(broken, first.original, default_topic="out",
+                                      dlq_topic="dlq.parked", max_bytes=unlimited),
+                       parked=True)
+    run = _Audit({}, broken, "out", "dlq", "test.audit", 1.0, AuditReport())
+    run.letter_topics.add("dlq.parked")
+    run.ledgers = {("in", 0): PartitionLedger(0, 1)}
+    run._input(Message("in", 0, 0, INPUT))
+    run._output(Message("dlq", 0, 0, letter))
+    run._output(Message("dlq.parked", 0, 0, parked))
+    run.judge()
+    report = run.report
+    assert report.ok, report.to_json()
+    assert (report.letters_parked, report.parked_in) == (1, {"dlq.parked": 1})
+    assert "parked by redrive (accounted for): 1 (1 in dlq.parked)" in report.summary()
+
+    # The cause fixed, the parking topic redriven: its outputs stand, nothing is parked.
+    again = parse("dlq.parked", 0, 0, 1000, parked.key, parked.value, parked.headers)
+    assert again is not None and again.parked
+    [output] = _marked(again, process(copy, again.original, default_topic="out",
+                                      dlq_topic="dlq.parked", max_bytes=unlimited))
+    report = audit(("dlq", 0, letter), ("out", 0, output))
+    assert report.ok and report.letters_parked == 0, report.to_json()
