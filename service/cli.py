@@ -42,6 +42,8 @@ from service.observability.metrics import Metrics
 from service.preflight import Checked, check_cluster, session_timeout_s
 from service.settings import Settings, load_settings
 from service.stage.replica import Stage
+from service.stage.transform_watch import timeout_ms as transform_timeout_ms
+from service.stage.workers import WorkerPool
 from service.version import __version__
 
 log = structlog.get_logger("txstage")
@@ -162,6 +164,7 @@ def _run(settings: Settings) -> int:
     server = _listen(settings)
     try:
         cluster, checked = _validated(settings, wait_s=_RUN_WAITS_S)
+        pool = _workers(settings)  # spawned before any Kafka client of ours exists
     except BaseException:
         server.close()
         raise
@@ -179,7 +182,7 @@ def _run(settings: Settings) -> int:
     server.serve(registry, health)
     limits = OutputLimits(cluster, checked.producer_max_bytes, blocking=False)
     stage = Stage(settings, transform, metrics, health, limits,
-                  session_timeout_s=session_timeout_s(settings, cluster))
+                  session_timeout_s=session_timeout_s(settings, cluster), pool=pool)
     if settings.lso_check_interval_s:
         LsoWatch(admin_config(settings),
                  {"input": settings.input_topics,
@@ -204,6 +207,18 @@ def _run(settings: Settings) -> int:
     finally:
         server.close()
     _exit_now(stage, code)
+
+
+def _workers(settings: Settings) -> WorkerPool | None:
+    """TXSTAGE_WORKERS: the transform's worker processes, each with the transform
+    imported (one that fails to import there exits 2, as here)."""
+    if not settings.workers:
+        return None
+    pool = WorkerPool(settings.transform, settings.workers,
+                      timeout_s=transform_timeout_ms(settings) / 1000,
+                      max_record_attempts=settings.max_record_attempts)
+    pool.start()
+    return pool
 
 
 def _listen(settings: Settings) -> Server:

@@ -160,8 +160,28 @@ class Metrics:
         )
         self.transform_timeouts = Counter(
             "txstage_transform_timeouts",
-            "Transform calls that ran past TXSTAGE_TRANSFORM_TIMEOUT_MS (the replica then "
-            "exits)", registry=registry,
+            "Transform calls that ran past TXSTAGE_TRANSFORM_TIMEOUT_MS (in-process the "
+            "replica then exits; with workers the worker is killed)", registry=registry,
+        )
+        self.workers_alive = Gauge(
+            "txstage_workers_alive",
+            "Transform worker processes alive (TXSTAGE_WORKERS; absent in-process)",
+            registry=registry,
+        )
+        self.worker_chunks_in_flight = Gauge(
+            "txstage_worker_chunks_in_flight",
+            "Chunks of records sent to the workers whose results are not processed yet",
+            registry=registry,
+        )
+        self.worker_restarts = Counter(
+            "txstage_worker_restarts",
+            "Transform worker processes replaced (died, or killed past the time-out)",
+            registry=registry,
+        )
+        self.worker_busy_seconds = Counter(
+            "txstage_worker_busy_seconds",
+            "Seconds the transform workers spent on chunks, summed over workers (its rate "
+            "divided by TXSTAGE_WORKERS is their busy ratio)", registry=registry,
         )
         self.rebalances = Counter(
             "txstage_rebalances",

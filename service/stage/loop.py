@@ -92,6 +92,7 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
         self._assigning_since: float | None = None
         self.pool = pool  # TXSTAGE_WORKERS: the transform runs there (Offload)
         self.inflight_records = 0
+        self._workers_counted = (0, 0, 0.0)
         # With workers the main process only replays what they yielded: their own
         # timings are observed instead (Offload._complete).
         self._transform_seconds = metrics.transform_seconds.observe if pool is None \

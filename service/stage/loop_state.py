@@ -23,6 +23,7 @@ from service.stage.jobs import Jobs
 from service.stage.overruns import OverrunBook
 from service.stage.partition import Partition, TopicPartitionKey
 from service.stage.transform_watch import Marker
+from service.stage.workers import WorkerPool
 
 
 class LoopState:
@@ -56,6 +57,8 @@ class LoopState:
     yield_at: float
     held_bytes: int
     inflight_records: int
+    pool: WorkerPool | None
+    _workers_counted: tuple[int, int, float]  # restarts, time-outs, busy seconds reported
     watch: Marker                  # the record being transformed (TransformWatch reads it)
     overruns: OverrunBook | None   # transform calls that overran (None: no time-out)
 

@@ -17,14 +17,11 @@ from service.stage import machine as sm
 from service.stage.holding import held_size
 from service.stage.loop_state import LoopState
 from service.stage.partition import Partition, TopicPartitionKey
-from service.stage.workers import WorkerPool
 from service.stage.workers.wire import WireRecord, replay, wire_record
 
 
 class Offload(LoopState):
     """The part of :class:`Loop` that runs the transform in ``pool``."""
-
-    pool: WorkerPool | None
 
     def _submit(self, messages: Iterable[Message]) -> None:
         """Each partition's records of the batch, in order, as one chunk to the pool."""

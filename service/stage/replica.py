@@ -27,6 +27,7 @@ from service.stage.rebalance import RebalanceListener
 from service.stage.shutdown import Watchdog
 from service.stage.transform_watch import TransformWatch, overran
 from service.stage.transform_watch import timeout_ms as transform_timeout_ms
+from service.stage.workers import WorkerPool
 
 log = structlog.get_logger(__name__)
 _LOG_CLIENT_ERROR = error_cb("consumer")
@@ -47,7 +48,8 @@ class Stage:
     """One replica: a consumer, a committer, the loop and the listener, wired."""
 
     def __init__(self, settings: Settings, transform: Transform, metrics: Metrics,
-                 health: Health, limits: OutputLimits, *, session_timeout_s: float) -> None:
+                 health: Health, limits: OutputLimits, *, session_timeout_s: float,
+                 pool: WorkerPool | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
         self.health = health
@@ -82,7 +84,9 @@ class Stage:
             commits_deferred=traits.commits_deferred,
         )
         self.loop = Loop(settings, transform, metrics, health, limits, self.consumer, committer,
-                         policy)
+                         policy, pool)
+        if pool is not None:
+            health.workers_alive = lambda: pool.alive
         # A revoke waits this long for commits in flight (the group waits with it).
         self.listener = RebalanceListener(self.loop, metrics, health,
                                           release_s=min(settings.shutdown_timeout_s, 10.0))
@@ -93,7 +97,7 @@ class Stage:
         """TXSTAGE_TRANSFORM_TIMEOUT_MS: a call past it is recorded for the next owner
         and the replica leaves (stage/transform_watch.py)."""
         timeout = transform_timeout_ms(settings)
-        if not timeout:
+        if not timeout or settings.workers:  # workers: the pool kills the worker instead
             return None
         book = OverrunBook(settings.id_prefix, admin_config(settings),
                            producer_config(settings, None))
@@ -152,6 +156,8 @@ class Stage:
             self._leave_group()
             self.committer.shutdown(max(deadline - time.monotonic(), 0.0))
             loop.jobs.shutdown()
+            if loop.pool is not None:
+                loop.pool.shutdown()
             self.health.joined(False)
             self.watchdog.disarm()
             if self.transform_watch is not None:
