@@ -249,7 +249,8 @@ def slice_writer(job: KafkaSinkJob, index: int) -> SliceWriter:
                                           piece.end)
 
     return SliceWriter(task, producer, committed, processor(job.processing),
-                       dlq_topic=job.processing.dlq_topic, unread=unread)
+                       dlq_topic=job.processing.dlq_topic, unread=unread,
+                       max_bytes=_mapped_limits(job.processing))
 
 
 def write_slice(job: KafkaSinkJob, index: int, read: Read) -> SliceOutcome:
