@@ -41,14 +41,20 @@ def producer_max_bytes(settings: Settings, topic_limits: Iterable[int] = ()) -> 
     (not the request's or the batch's), always sends a message that passes alone,
     and each output is checked first against min(this, its topic's limit) with
     FRAMING_BYTES to spare (service/contract/processing.py)."""
-    told = producer_config(settings, None).get("message.max.bytes")
+    told = told_max_bytes(settings)
     if told is not None:
-        return int(str(told))
+        return told
     largest = max(topic_limits, default=None)
     if largest is None:
         return DEFAULT_MESSAGE_MAX_BYTES
     low, high = MESSAGE_MAX_BYTES_RANGE
     return min(max(largest, low), high)
+
+
+def told_max_bytes(settings: Settings) -> int | None:
+    """The producers' ``message.max.bytes`` the user set, if they did."""
+    told = producer_config(settings, None).get("message.max.bytes")
+    return None if told is None else int(str(told))
 
 
 def _told_variable(settings: Settings) -> str | None:
