@@ -126,7 +126,8 @@ class Batch(Holding):
             except (PoisonRecordError, TopicLimitPending) as exc:
                 consumed += self._write_run(owner, run, now)
                 owner = None
-                self._not_processed(partition, msg, exc, now)
+                self._not_processed(partition, msg, exc, now,
+                                    saved.get(offset) if saved else None)
                 continue
             finally:
                 watch.record = None
@@ -256,7 +257,7 @@ class Batch(Holding):
                                  dlq_topic=settings.dlq_topic or None,
                                  max_bytes=self.limits.lookup)
         except (PoisonRecordError, TopicLimitPending) as exc:
-            self._not_processed(partition, msg, exc, now)
+            self._not_processed(partition, msg, exc, now, yielded)
             return False
         finally:
             self.watch.record = None
@@ -282,12 +283,17 @@ class Batch(Holding):
         return True
 
     def _not_processed(self, partition: Partition, msg: Message,
-                       exc: PoisonRecordError | TopicLimitPending, now: float) -> None:
+                       exc: PoisonRecordError | TopicLimitPending, now: float,
+                       yielded: list[Output] | None = None) -> None:
+        """``yielded``: what the transform yielded for the record before (in a worker):
+        kept for when it is processed again, should the transform's own outputs not
+        say (a dead letter's topic being looked up)."""
         if isinstance(exc, PoisonRecordError):
             self.dispatch(partition, sm.Poisoned(exc, now))
         else:  # an output topic not looked up yet: hold the record meanwhile
-            if exc.outputs is not None:
-                partition.saved[msg.offset()] = exc.outputs  # type: ignore[index]
+            outputs = exc.outputs if exc.outputs is not None else yielded
+            if outputs is not None:
+                partition.saved[msg.offset()] = outputs  # type: ignore[index]
             self.dispatch(partition, sm.TopicUnknown(exc.topic))
             self._hold(partition, msg)
 
@@ -301,7 +307,7 @@ class Batch(Holding):
 def _replaying(saved: dict[int, list[Output]], transform: Transform) -> Transform:
     """The transform, but for a record it already ran on: what it yielded then."""
     def replay(record: Record) -> Iterable[Output]:
-        yielded = saved.pop(record.offset, None)
+        yielded = saved.get(record.offset)
         return transform(record) if yielded is None else yielded
     return replay
 
