@@ -37,7 +37,11 @@ from service.stage.workers.wire import Failure, WireRecord, WireResult
 log = structlog.get_logger(__name__)
 
 Key = tuple[str, int]
-_PER_WORKER = 2  # chunks sent ahead to one worker: it starts the next without waiting
+# Chunks a worker is given at once. One: a chunk queued behind a slow record on one
+# worker would wait for it while another worker stands idle (the head-of-line blocking
+# a slow record must not cause beyond its own partition). The cost is one pipe round
+# trip between two chunks of a worker.
+_PER_WORKER = 1
 _READY_S = 60.0  # a worker's import of the transform
 _FAILURES = "service.errors"
 
@@ -250,26 +254,38 @@ class WorkerPool:
         return f"{chunk.key[0]}/{chunk.key[1]}@{offset}: {failure[2]}"
 
     def _send(self) -> None:
+        """Each pending chunk, in order, to a worker that has none."""
         pending = self._pending
-        if not pending:
-            return
-        for handle in self._workers:
-            while pending and len(handle.sent) < _PER_WORKER:
-                chunk = pending.popleft()
-                if chunk.dropped:
-                    continue
-                decided = {index: failure for index, record in enumerate(chunk.records)
-                           if (blamed := self._blamed.get((chunk.key, record[2]))) is not None
-                           and (failure := blamed[1]) and blamed[0] >= self._max_attempts} \
-                    if self._blamed else {}
-                try:
-                    handle.conn.send((chunk.id, chunk.records, decided))
-                except OSError:
-                    pending.appendleft(chunk)
-                    break  # it died: _watch replaces it
-                if not handle.sent:
-                    handle.busy_since = time.monotonic_ns()
-                handle.sent.append(chunk)
+        while pending:
+            handle = min(self._workers, key=_load, default=None)
+            if handle is None or len(handle.sent) >= _PER_WORKER:
+                return
+            chunk = pending.popleft()
+            if chunk.dropped:
+                continue
+            try:
+                handle.conn.send((chunk.id, chunk.records, self._decided(chunk)))
+            except OSError:
+                pending.appendleft(chunk)
+                return  # it died: _watch replaces it
+            if not handle.sent:
+                handle.busy_since = time.monotonic_ns()
+            handle.sent.append(chunk)
+
+    def _decided(self, chunk: Chunk) -> dict[int, Failure]:
+        """The records of the chunk blamed too often to be run again: their failures."""
+        if not self._blamed:
+            return {}
+        decided = {}
+        for index, record in enumerate(chunk.records):
+            blamed = self._blamed.get((chunk.key, record[2]))
+            if blamed is not None and blamed[0] >= self._max_attempts:
+                decided[index] = blamed[1]
+        return decided
+
+
+def _load(handle: _Worker) -> int:
+    return len(handle.sent)
 
 
 def _exit(code: int | None) -> str:
