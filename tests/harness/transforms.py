@@ -194,6 +194,7 @@ def chaos(record: Record) -> Iterator[Output]:
 
     - every 997th offset sleeps 20 ms (slow records);
     - a value that is a multiple of 1009 raises: dead-lettered;
+    - the value ``hang`` sleeps an hour: a call that never returns (``chaos_expected``);
     - while the file ``TEST_STALL_FILE`` exists, the first record to see it removes it
       and sleeps the seconds written in it (a stall past a time-out, injected by the
       campaign at a moment of its choosing);
@@ -213,9 +214,22 @@ def chaos(record: Record) -> Iterator[Output]:
         except (OSError, ValueError):
             seconds = 0.0  # another replica took it first
         time.sleep(seconds)
+    if record.value == HANG:
+        time.sleep(3600)  # a call that never returns (the campaign's transform_hang)
     if record.value is not None and record.value.isdigit() and int(record.value) % 1009 == 0:
         raise ValueError(f"chaos: {int(record.value)} is a multiple of 1009")
     yield from square(record)
+
+
+HANG = b"hang"
+
+
+def chaos_expected(record: Record) -> Iterator[Output]:
+    """What the stage must write for ``chaos``: the same, but a record that hangs is
+    dead-lettered (after its overruns), which the verifier reads as a failure here."""
+    if record.value == HANG:
+        raise TimeoutError("the transform never returned")
+    yield from chaos(record)
 
 
 _slow_phase: list[float] = [0.0, 0.0, 0.0]  # checked at (monotonic), ms, until (epoch)
