@@ -2,10 +2,12 @@
 --describe`` (and an autoscaler's arithmetic, end offset minus committed offset) reads
 0 once a stage has drained its input, transactional input too (its commit markers take
 offsets no record is delivered at); and the group-lag gauge counts partitions nobody owns.
-"""
+
+Takes ≈ 95 s (2 cores, the shared broker; 8 tests)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -15,8 +17,16 @@ from service.kafka.reading import OffsetReader, partitions
 from service.tools.verify import verify
 from tests.harness.admin import create_topic
 from tests.harness.consumer_groups import describe, produce_transactional
-from tests.harness.stage import PARTITIONS, Replica, StageSetup, one_protocol, wait_for
-from tests.integration.test_compound_faults import assert_alive
+from tests.harness.stage import (
+    PARTITIONS,
+    Replica,
+    StageSetup,
+    one_protocol,
+    samples,
+    value,
+    wait_for,
+)
+from tests.integration.test_compound_faults import SteadyFeed, assert_alive
 
 pytestmark = pytest.mark.kafka
 
@@ -93,3 +103,47 @@ def test_a_stage_reading_another_stages_output_drains_to_lag_0(
                     default_topic=second["TXSTAGE_OUTPUT_TOPIC"],
                     dlq_topic=second["TXSTAGE_DLQ_TOPIC"])
     assert report.ok and report.found == report.expected == 400, report.problems()
+
+
+def total(replica: Replica, name: str) -> float | None:
+    """The sum of a gauge's series on ``replica`` (None: not exported)."""
+    found = [v for (metric, _), v in samples(replica).items() if metric == name]
+    return sum(found) if found else None
+
+
+def test_the_group_lag_counts_the_partitions_of_a_killed_replica_until_taken_over(
+        stage: StageSetup) -> None:
+    # A replica SIGKILLed under a steady feed: its partitions wait a session time-out
+    # for the survivor. The survivor's txstage_consumer_lag counts only its own
+    # partitions (a handful of records); txstage_group_lag, from the group's committed
+    # offsets, counts every partition: it grows while they are unowned, and falls to 0
+    # once the survivor took them over and caught up.
+    fast = {"TXSTAGE_GROUP_LAG_INTERVAL_S": "0.5"}
+    a, b = stage.replica("a", **fast), stage.replica("b", **fast)
+    a.wait_ready(60)
+    b.wait_ready(60)
+    with SteadyFeed(stage.bootstrap, stage.input_topic, 6_000, seconds=20) as feed:
+        wait_for(lambda: value(a, "txstage_pinned_producers") + value(
+            b, "txstage_pinned_producers") == PARTITIONS and value(
+            b, "txstage_pinned_producers") > 0, 60, "both replicas to own partitions")
+        time.sleep(3)
+        b.kill()
+        killed = time.monotonic()
+        group_max = own_max = 0.0
+        taken_over = None
+        while time.monotonic() - killed < 60 and taken_over is None:
+            assert_alive(stage, [a])
+            group_max = max(group_max, total(a, "txstage_group_lag") or 0)
+            own_max = max(own_max, total(a, "txstage_consumer_lag") or 0)
+            if value(a, "txstage_pinned_producers") == PARTITIONS:
+                taken_over = time.monotonic() - killed
+            time.sleep(0.25)
+        assert taken_over is not None, stage.diagnose()
+        feed.wait()
+    print(f"take-over after SIGKILL ({stage.group_protocol}): {taken_over:.1f} s; "
+          f"group lag up to {group_max:.0f}, the survivor's own lag up to {own_max:.0f}")
+    assert group_max >= 300 and group_max > 3 * own_max, (group_max, own_max)
+    wait_for(lambda: total(a, "txstage_group_lag") == 0, 60,
+             "the survivor's group lag to fall to 0", stage.diagnose)
+    assert a.terminate() == 0
+    stage.assert_exactly_once()
