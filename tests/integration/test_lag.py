@@ -7,6 +7,7 @@ Takes ≈ 95 s (2 cores, the shared broker; 8 tests)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -119,6 +120,12 @@ def test_the_group_lag_counts_the_partitions_of_a_killed_replica_until_taken_ove
     # offsets, counts every partition: it grows while they are unowned, and falls to 0
     # once the survivor took them over and caught up.
     fast = {"TXSTAGE_GROUP_LAG_INTERVAL_S": "0.5"}
+    # The take-over times docs/operations.md states are measured with other sessions:
+    # TXSTAGE_TEST_SESSION_MS / TXSTAGE_TEST_HEARTBEAT_MS (the stage's default: 45000).
+    session_ms = int(os.environ.get("TXSTAGE_TEST_SESSION_MS", "0"))
+    if session_ms:
+        fast |= stage.session_timeout_env(
+            session_ms, int(os.environ.get("TXSTAGE_TEST_HEARTBEAT_MS", "1000")))
     a, b = stage.replica("a", **fast), stage.replica("b", **fast)
     a.wait_ready(60)
     b.wait_ready(60)
@@ -131,7 +138,7 @@ def test_the_group_lag_counts_the_partitions_of_a_killed_replica_until_taken_ove
         killed = time.monotonic()
         group_max = own_max = 0.0
         taken_over = None
-        while time.monotonic() - killed < 60 and taken_over is None:
+        while time.monotonic() - killed < 30 + session_ms / 1000 and taken_over is None:
             assert_alive(stage, [a])
             group_max = max(group_max, total(a, "txstage_group_lag") or 0)
             own_max = max(own_max, total(a, "txstage_consumer_lag") or 0)
