@@ -35,6 +35,7 @@ from service.exit_codes import ExitCode
 from service.kafka.cluster import Cluster, OutputLimits
 from service.kafka.config import admin_config, refused_configs
 from service.observability import interpreter
+from service.observability.group_lag import GroupLagWatch
 from service.observability.health import Health, Server, listen, publish_readiness
 from service.observability.logs import configure_logging
 from service.observability.lso_watch import LsoWatch
@@ -189,6 +190,10 @@ def _run(settings: Settings) -> int:
                   "output": [settings.output_topic, *filter(None, [settings.dlq_topic])]},
                  metrics.lso_lag, metrics.lso_stuck,
                  interval_s=settings.lso_check_interval_s).start()
+    if settings.group_lag_interval_s:
+        GroupLagWatch(admin_config(settings), settings.group_id, settings.input_topics,
+                      metrics.group_lag, interval_s=settings.group_lag_interval_s,
+                      starts_at_end=settings.starts_at_end).start()
     _install_signal_handlers(stage)
     interpreter.tune_gc()
     log.info("metrics.serving", port=server.port, paths=["/metrics", "/healthz", "/readyz"])

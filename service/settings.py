@@ -125,6 +125,7 @@ class Settings(BaseSettings):
     metrics_port: int = Field(9108, ge=0, le=65535)
     health_stale_after_s: float = Field(30.0, gt=0)
     lso_check_interval_s: float = Field(10.0, ge=0)  # 0: no last-stable-offset watch
+    group_lag_interval_s: float = Field(5.0, ge=0)  # 0: no txstage_group_lag
     fetch_stall_s: float = Field(30.0, ge=0)  # 0: no watch for unfetched partitions
     statistics_interval_ms: int = Field(10_000, ge=0)  # 0: no librdkafka statistics
     log_format: Literal["json", "console"] = "json"

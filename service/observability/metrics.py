@@ -202,6 +202,13 @@ class Metrics:
             "Records between the consumer position and the partition's high watermark",
             ["topic", "partition"], registry=registry,
         )
+        # service/observability/group_lag.py: every replica exports every partition.
+        self.group_lag = Gauge(
+            "txstage_group_lag",
+            "Records between the group's committed offset and the partition's high "
+            "watermark, for every input partition, owned or not",
+            ["topic", "partition"], registry=registry,
+        )
         self.oldest_open_transaction = Gauge(
             "txstage_oldest_open_transaction_seconds",
             "Age of the oldest transaction open on this replica (0 when none)",

@@ -180,6 +180,9 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
             if partition.batch_records:
                 self._tell_written(partition)
                 state = partition.state
+            if partition.fetched_end is not None:
+                self._tell_end(partition, now)
+                state = partition.state
             if state.due(now, policy):
                 self._warn_near_timeout(partition, now)
                 self.dispatch(partition, sm.CommitDue(now))
@@ -347,10 +350,11 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
         topic, number = msg.topic(), msg.partition()
         if error.code() == KafkaError._PARTITION_EOF:
             # The fetcher reached the end: past commit markers and aborted records,
-            # which take offsets but are never delivered (the lag gauge's end).
+            # which take offsets but are never delivered (committed, and the lag
+            # gauge's end).
             partition = self.partitions.get((topic, number))  # type: ignore[arg-type]
             if partition is not None:
-                partition.fetched_end = (partition.position, msg.offset())  # type: ignore[assignment]
+                self._fetched_to_end(partition, msg.offset())  # type: ignore[arg-type]
             return
         if error.code() in DENIALS:  # a missing ACL never heals by itself
             raise DeniedError(Where("consume", topic=topic, partition=number), error)

@@ -142,6 +142,18 @@ class CallStuck:
 
 
 @dataclass(frozen=True, slots=True)
+class ReachedEnd:
+    """Every record before ``at`` was processed and the fetcher reported the end of
+    the partition at ``end`` > ``at``: the offsets between are commit markers or
+    aborted records, never delivered. Committing ``end`` (not ``at``) lets the group's
+    lag reach 0 on a transactional input."""
+
+    at: int
+    end: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
 class Released:
     """Revoked (``lost=False``), lost, or the replica stops (``reason``)."""
 
@@ -154,4 +166,4 @@ class Released:
 Event = (Wrote | InitDone | InitFailed | Positioned | PositionFailed | CommitDue | CommitDone
          | CommitFailed | ProduceFailed | DeliveryFailed | AbortDone | AbortFailed | Poisoned
          | BacklogFull | BacklogDrained | TopicUnknown | TopicResolved | Tick | CallStuck
-         | Released)
+         | ReachedEnd | Released)

@@ -125,6 +125,9 @@ class PartitionState:
     reposition_after_commit: bool = False   # a poison retry: resume from Kafka after the commit
     commit_uncertain: bool = False          # a commit timed out: it may have succeeded
     overrun: Overrun | None = None          # a record whose transform call overran, ahead
+    # The input offset last committed (at-least-once: sealed) or found committed (< 0:
+    # none): a partition idle at its end commits the end past the markers after it.
+    committed: int = -1
 
     @property
     def pause_reasons(self) -> frozenset[Pause]:
