@@ -51,6 +51,8 @@ class Offload(LoopState):
             size = sum(map(held_size, msgs))
             pool.submit(key, partition, partition.epoch, msgs, records, size)
             partition.inflight_bytes += size
+            partition.inflight += len(msgs)
+            partition.inflight_next = records[-1][2] + 1
             self.inflight_records += len(msgs)
             self._limit(partition, len(partition.held) + len(msgs))
 
@@ -62,6 +64,7 @@ class Offload(LoopState):
         for chunk in pool.completed():
             partition: Partition = chunk.owner  # type: ignore[assignment]
             partition.inflight_bytes -= chunk.size
+            partition.inflight -= len(chunk.messages)
             self.inflight_records -= len(chunk.messages)
             if self.partitions.get(chunk.key) is not partition or \
                     partition.epoch != chunk.epoch or chunk.results is None:
@@ -81,6 +84,7 @@ class Offload(LoopState):
         if self.pool is not None:
             for chunk in self.pool.discard(partition.key):
                 partition.inflight_bytes -= chunk.size
+                partition.inflight -= len(chunk.messages)
                 self.inflight_records -= len(chunk.messages)
 
 

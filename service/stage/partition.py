@@ -33,7 +33,9 @@ class Partition:
         "held",
         "held_bytes",
         "held_since",
+        "inflight",
         "inflight_bytes",
+        "inflight_next",
         "job",
         "key",
         "phase_since",
@@ -65,7 +67,8 @@ class Partition:
         self.held_since = 0.0             # when held became non-empty: oldest drains first
         # TXSTAGE_WORKERS: bytes of its records out in worker processes, and the epoch
         # their results must still match (a seek, an abort or a release bumps it).
-        self.inflight_bytes = 0
+        self.inflight = self.inflight_bytes = 0  # records, bytes
+        self.inflight_next = -1           # the offset after the last record sent out
         self.epoch = 0
         # offset -> what the transform yielded, for held records it already ran on
         # (an output topic was being looked up): they are not transformed again.

@@ -170,11 +170,12 @@ class Positions(LoopState):
         """The fetcher reached the partition's end at ``end`` (PARTITION_EOF): past
         commit markers and aborted records, which take offsets that are never
         delivered. Kept with the offset the records fetched before it lead to (the
-        last one held, else the position): once they are processed the partition has
-        read up to ``end`` (``Partition.read_to``). An end from before a seek says
-        nothing of the records after it; the first one after a seek is checked like a
-        record (``_check_first``: beyond the sought offset, sought once more). Nor
-        while records are dropped to be read again (a waiting phase, a backoff)."""
+        last one out in workers, else held, else the position): once they are
+        processed the partition has read up to ``end`` (``Partition.read_to``). An end
+        from before a seek says nothing of the records after it; the first one after a
+        seek is checked like a record (``_check_first``: beyond the sought offset,
+        sought once more). Nor while records are dropped to be read again (a waiting
+        phase, a backoff)."""
         state = partition.state
         if partition.seek_to is not None or partition.seek_batch == self._batch \
                 or partition.releasing or state.phase not in _READING \
@@ -182,6 +183,8 @@ class Positions(LoopState):
             return
         held = partition.held
         fetched = held[-1].offset() + 1 if held else partition.position  # type: ignore[operator]
+        if partition.inflight:  # out in workers: after every record held
+            fetched = partition.inflight_next
         if end < fetched:
             return
         if partition.check_first and not held and end > fetched:
@@ -194,7 +197,7 @@ class Positions(LoopState):
         """A partition idle at an end past its last processed record: the state
         machine moves what it commits there (ReachedEnd)."""
         end = partition.fetched_end
-        if end is None or end[0] != partition.position or partition.held:
+        if end is None or end[0] != partition.position or partition.held or partition.inflight:
             return
         state = partition.state
         txn = state.txn

@@ -151,3 +151,18 @@ def test_an_end_beyond_the_sought_offset_is_sought_again_once_then_trusted() -> 
     loop.iterate()
     assert partition.fetched_end == (100, 103) and not partition.check_first
     assert partition.state.txn == sm.Txn(100, 103, 0, partition.state.txn.opened_at)
+
+
+def test_records_out_in_workers_keep_the_end_until_they_are_processed() -> None:
+    # TXSTAGE_WORKERS: records sent to the workers are neither held nor past the
+    # position; an end reported meanwhile must not move the commit past them.
+    consumer = ScriptedConsumer(batches=[batch(0, 9)])
+    loop, _, partition = make_loop(consumer)
+    positioned(loop, partition, 0)
+    loop.iterate()
+    assert partition.state.txn is not None and partition.state.txn.next == 10
+    partition.inflight, partition.inflight_next = 5, 15  # 10..14 out in workers
+    loop._consume_error(KafkaError(KafkaError._PARTITION_EOF), eof(16))
+    assert partition.fetched_end == (15, 16) and partition.read_to() == 10
+    loop._tell_end(partition, 1.0)
+    assert partition.state.txn.next == 10, "committed past records still in workers"
