@@ -24,14 +24,17 @@ class Offload(LoopState):
     """The part of :class:`Loop` that runs the transform in ``pool``."""
 
     def _submit(self, messages: Iterable[Message]) -> None:
-        """Each partition's records of the batch, in order, as one chunk to the pool."""
-        pool = self.pool
-        assert pool is not None
+        """Each partition's records of the batch, in order, as one chunk to the pool.
+        An error in the batch (an end of partition, say) is handled where it stands:
+        the records before it are sent first, as ``Batch.process`` would have
+        processed them first (an end can seek the partition, and records before it
+        must then count as out, not be sent after the seek)."""
         partitions = self.partitions
         chunks: dict[TopicPartitionKey, tuple[list[Message], list[WireRecord]]] = {}
         for msg in messages:
             error = msg.error()
             if error is not None:
+                self._send_chunks(chunks)
                 self._consume_error(error, msg)
                 continue
             key = (msg.topic(), msg.partition())
@@ -46,8 +49,14 @@ class Offload(LoopState):
                 chunk = chunks[key] = ([], [])  # type: ignore[index]
             chunk[0].append(msg)
             chunk[1].append(wire_record(msg))
+        self._send_chunks(chunks)
+
+    def _send_chunks(self, chunks: dict[TopicPartitionKey,
+                                        tuple[list[Message], list[WireRecord]]]) -> None:
+        pool = self.pool
+        assert pool is not None
         for key, (msgs, records) in chunks.items():
-            partition = partitions[key]
+            partition = self.partitions[key]
             size = sum(map(held_size, msgs))
             pool.submit(key, partition, partition.epoch, msgs, records, size)
             partition.inflight_bytes += size
@@ -55,6 +64,7 @@ class Offload(LoopState):
             partition.inflight_next = records[-1][2] + 1
             self.inflight_records += len(msgs)
             self._limit(partition, len(partition.held) + len(msgs))
+        chunks.clear()
 
     def _complete(self, now: float) -> None:
         """Process the chunks whose results are in, each partition in input order."""

@@ -166,3 +166,49 @@ def test_records_out_in_workers_keep_the_end_until_they_are_processed() -> None:
     assert partition.fetched_end == (15, 16) and partition.read_to() == 10
     loop._tell_end(partition, 1.0)
     assert partition.state.txn.next == 10, "committed past records still in workers"
+
+
+class SentChunks:
+    """A worker pool that only records what it is sent (TXSTAGE_WORKERS)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, list[int]]] = []  # (epoch, offsets)
+        self.in_flight = self.alive = self.restarts = self.timeouts = 0
+
+    def busy_seconds(self) -> float:
+        return 0.0
+
+    def submit(self, key: object, owner: object, epoch: int, messages: list[Message],
+               records: object, size: int) -> None:
+        self.sent.append((epoch, [m.offset() for m in messages]))  # type: ignore[misc]
+        self.in_flight += 1
+
+    def serve(self, timeout: float = 0.0) -> None:
+        pass
+
+    def completed(self) -> list[object]:
+        return []
+
+    def discard(self, key: object) -> list[object]:
+        return []
+
+
+def test_records_before_an_end_go_out_before_the_end_is_looked_at() -> None:
+    # Records 98, 99 and an end at 100, in one batch, just after a seek to 0. The end
+    # was looked at first: beyond the sought offset, it sought again and took the one
+    # re-check; the records, sent after it under the new epoch, then came back as
+    # the first after that seek, were let through as a real gap, and 0..97 were
+    # skipped for good. Sent first, they count as fetched: the end is kept, and the
+    # first record's own check seeks when its result comes back.
+    consumer = ScriptedConsumer()
+    loop, _, partition = make_loop(consumer)
+    positioned(loop, partition, 0)
+    loop._batch += 1
+    pool = SentChunks()
+    loop.pool = pool  # type: ignore[assignment]
+    consumer.batches.append([*batch(98, 99), eof(100)])
+    loop.iterate()
+    [(epoch, offsets)] = pool.sent
+    assert offsets == [98, 99] and epoch == partition.epoch
+    assert partition.rechecked is None, "the end took the first record's re-check"
+    assert partition.fetched_end == (100, 100)
