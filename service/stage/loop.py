@@ -61,6 +61,7 @@ _STARTUP_PHASES = (sm.Phase.INITIALISING, sm.Phase.POSITIONING)
 # Calls stuck in librdkafka past every deadline (CallStuck) each keep a job thread:
 # past this many the replica fails, so that its orchestrator starts a fresh process.
 _MAX_STUCK_CALLS = 4
+_BUSY_POLL_S = 0.005  # consume()'s wait while a commit runs or records are held
 
 
 class Loop(Batch, Positions, Reports, Housekeeping):
@@ -104,8 +105,7 @@ class Loop(Batch, Positions, Reports, Housekeeping):
     def iterate(self) -> None:
         self.health.beat()
         self._batch += 1
-        messages = self.consumer.consume(self.settings.batch_size,
-                                         self.settings.poll_timeout_ms / 1000)
+        messages = self.consumer.consume(self.settings.batch_size, self._poll_timeout_s())
         now = self.polled_at = time.monotonic()
         self.yield_at = now + self.policy.poll_gap_s
         if len(messages) < self.settings.batch_size:
@@ -144,11 +144,23 @@ class Loop(Batch, Positions, Reports, Housekeeping):
                         self.dispatch(partition, sm.TopicResolved(topic))
         # Records handed back at the poll-gap bound (or left by a drain it cut short),
         # the longest held first, before anything consumed since: as far as the bound
-        # allows, the rest waits for the next iteration.
+        # allows, the rest waits for the next iteration. One paused for the replica's
+        # limit with nothing left of its own is checked too, to fetch again.
         waiting = [p for p in self.partitions.values()
-                   if p.held and not p.state.holding and p.state.phase is sm.Phase.ACTIVE]
+                   if (p.held or sm.Pause.BACKLOG in p.state.pauses)
+                   and not p.state.holding and p.state.phase is sm.Phase.ACTIVE]
         for partition in sorted(waiting, key=_held_since):
             self._drain(partition)
+
+    def _poll_timeout_s(self) -> float:
+        """How long consume() may wait for records: TXSTAGE_POLL_TIMEOUT_MS, but only a
+        moment while a commit runs or records are held. A partition that is committing
+        or paused for its held records fetches nothing, so a full wait idled the loop
+        after each commit: one lagging partition committed at half its transform's pace."""
+        if self.held_bytes or any(p.state.phase is sm.Phase.COMMITTING
+                                   for p in self.partitions.values()):
+            return _BUSY_POLL_S
+        return self.settings.poll_timeout_ms / 1000
 
     def tick(self, now: float) -> None:
         policy = self.policy
