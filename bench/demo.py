@@ -300,7 +300,10 @@ def check_results(report: Report | None) -> dict[str, list[str]]:
         "V2": [str(k) for k in report.missing[:5]] + [f"{tp}: committed {c} < end {e}"
                                                       for tp, (c, e) in report.behind.items()],
         "V3": report.out_of_order[:5],
-        "V4": [str(k) for k in (report.unexpected + report.mismatched)[:5]],
+        "V4": [str(k) for k in (report.unexpected + report.mismatched)[:5]]
+        # Written at write time or by txstage redrive: the audit judges those.
+        + ([f"{len(report.unjudged)} records not judged here: run txstage audit"]
+           if report.unjudged else []),
         "V5": [],
     }
 

@@ -1,4 +1,4 @@
-"""The ``txstage`` command: run, check-config, audit, redrive, backfill, kafka, topics.
+"""The txstage command: run, check-config, audit, redrive, backfill, kafka, topics.
 
 One argparse tree. ``run`` and ``check-config`` are defined here; every other command's
 arguments are defined by its own module, ``add_arguments(parser)``, which also sets the
@@ -6,13 +6,15 @@ arguments are defined by its own module, ``add_arguments(parser)``, which also s
 ``txstage run`` and ``txstage --help`` load neither PySpark nor the local broker.
 
 Exit codes (service/exit_codes.py): 0 done (or stopped by a signal), 1 a fatal runtime
-error, 2 bad settings or arguments, 3 a poison record and no dead-letter topic.
+error, 2 bad settings or arguments, 3 a poison record and no dead-letter topic, 4 the
+cluster could not be queried at start-up.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import faulthandler
 import importlib
 import logging
@@ -28,18 +30,22 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from service.arguments import Parser
 from service.contract.loading import load_transform
-from service.errors import ConfigError, PoisonRecordError
+from service.errors import ConfigError, PoisonRecordError, UnreachableError
 from service.exit_codes import ExitCode
 from service.kafka.cluster import Cluster, OutputLimits
 from service.kafka.config import admin_config, refused_configs
 from service.observability import interpreter
-from service.observability.health import Health, publish_readiness, serve
+from service.observability.group_lag import GroupLagWatch
+from service.observability.health import Health, Server, listen, publish_readiness
 from service.observability.logs import configure_logging
 from service.observability.lso_watch import LsoWatch
 from service.observability.metrics import Metrics
 from service.preflight import Checked, check_cluster, session_timeout_s
 from service.settings import Settings, load_settings
 from service.stage.replica import Stage
+from service.stage.transform_watch import timeout_ms as transform_timeout_ms
+from service.stage.workers import WorkerPool
+from service.version import __version__
 
 log = structlog.get_logger("txstage")
 
@@ -50,8 +56,16 @@ TOOLS = {
                 "reprocess dead letters through the current transform"),
     "backfill": ("service.backfill.cli", "reprocess history on PySpark (see docs/backfill.md)"),
     "kafka": ("service.local_kafka.cli", "a local Kafka broker: install|up|down|status"),
-    "topics": ("service.tools.topics", "create the stage's topics from its settings"),
+    "topics": ("service.tools.topics", "the stage's topics by hand: create|produce|read"),
 }
+
+_CHECK_CONFIG = (
+    "Check the settings (TXSTAGE_* variables and .env) as txstage run would, then the "
+    "cluster: the topics exist, the principal holds the permissions the stage needs "
+    "(READ on the inputs and the group, WRITE on the outputs and its transactional ids), "
+    "the transaction time-out and the producer's message size fit the brokers'. Prints "
+    "'txstage: configuration OK' and exits 0, or one line per problem and exits 2 (4 when "
+    "the cluster cannot be queried).")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,11 +80,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def parser() -> argparse.ArgumentParser:
     """The whole tree: ``run``, ``check-config`` and each of ``TOOLS``."""
     p = argparse.ArgumentParser(prog="txstage", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"txstage {__version__}")
     commands = p.add_subparsers(dest="command", required=True, parser_class=_Command)
     commands.add_parser("run", help="run the stage (settings from TXSTAGE_* variables)"
                         ).set_defaults(handler=_stage_command)
-    commands.add_parser("check-config", help="validate settings against the cluster, then exit"
-                        ).set_defaults(handler=_stage_command)
+    commands.add_parser("check-config", help="validate settings against the cluster, then exit",
+                        description=_CHECK_CONFIG).set_defaults(handler=_stage_command)
     for name, (module, help_line) in TOOLS.items():
         commands.add_parser(name, help=help_line, module=module)
     return p
@@ -115,6 +130,9 @@ def _stage_command(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"txstage: config error: {problem}", file=sys.stderr)
         return ExitCode.CONFIG
+    except UnreachableError as exc:
+        print(f"txstage: cluster unreachable: {exc}", file=sys.stderr)
+        return ExitCode.UNREACHABLE
 
 
 def _validated(settings: Settings, *, wait_s: float) -> tuple[Cluster, Checked]:
@@ -135,14 +153,22 @@ def _check(settings: Settings) -> int:
 
 
 # How long start-up waits for a cluster that answers "not now" (a broker restarting)
-# before exiting 2: a replica outlives a broker restart; an operator's check-config
+# before exiting 4: a replica outlives a broker restart; an operator's check-config
 # answers soon.
 _RUN_WAITS_S = 120.0
 _CHECK_WAITS_S = 10.0
 
 
 def _run(settings: Settings) -> int:
-    cluster, checked = _validated(settings, wait_s=_RUN_WAITS_S)
+    # The port first: a second replica on the host learns it at once, not after the
+    # cluster checks (which may wait _RUN_WAITS_S).
+    server = _listen(settings)
+    try:
+        cluster, checked = _validated(settings, wait_s=_RUN_WAITS_S)
+        pool = _workers(settings)  # spawned before any Kafka client of ours exists
+    except BaseException:
+        server.close()
+        raise
     for warning in checked.warnings:
         log.warning("startup.config_warning", warning=warning)
     interpreter.tune_threads()
@@ -154,16 +180,20 @@ def _run(settings: Settings) -> int:
     metrics.transaction_timeout.set(settings.transaction_timeout_ms / 1000)
     health = Health(stale_after=settings.health_stale_after_s)
     publish_readiness(health, metrics)
-    server = serve(settings.metrics_port, registry, health, host=settings.metrics_host)
+    server.serve(registry, health)
     limits = OutputLimits(cluster, checked.producer_max_bytes, blocking=False)
     stage = Stage(settings, transform, metrics, health, limits,
-                  session_timeout_s=session_timeout_s(settings, cluster))
+                  session_timeout_s=session_timeout_s(settings, cluster), pool=pool)
     if settings.lso_check_interval_s:
         LsoWatch(admin_config(settings),
                  {"input": settings.input_topics,
                   "output": [settings.output_topic, *filter(None, [settings.dlq_topic])]},
                  metrics.lso_lag, metrics.lso_stuck,
                  interval_s=settings.lso_check_interval_s).start()
+    if settings.group_lag_interval_s:
+        GroupLagWatch(admin_config(settings), settings.group_id, settings.input_topics,
+                      metrics.group_lag, interval_s=settings.group_lag_interval_s,
+                      starts_at_end=settings.starts_at_end).start()
     _install_signal_handlers(stage)
     interpreter.tune_gc()
     log.info("metrics.serving", port=server.port, paths=["/metrics", "/healthz", "/readyz"])
@@ -182,6 +212,32 @@ def _run(settings: Settings) -> int:
     finally:
         server.close()
     _exit_now(stage, code)
+
+
+def _workers(settings: Settings) -> WorkerPool | None:
+    """TXSTAGE_WORKERS: the transform's worker processes, each with the transform
+    imported (one that fails to import there exits 2, as here)."""
+    if not settings.workers:
+        return None
+    pool = WorkerPool(settings.transform, settings.workers,
+                      timeout_s=transform_timeout_ms(settings) / 1000,
+                      max_record_attempts=settings.max_record_attempts)
+    pool.start()
+    return pool
+
+
+def _listen(settings: Settings) -> Server:
+    host, port = settings.metrics_host, settings.metrics_port
+    try:
+        return listen(port, host)
+    except OSError as exc:
+        taken = exc.errno == errno.EADDRINUSE
+        hint = ("another process holds it (a second replica on this host?): give each "
+                "replica on a host its own TXSTAGE_METRICS_PORT, or 0 for any free port"
+                if taken else
+                "check TXSTAGE_METRICS_HOST and TXSTAGE_METRICS_PORT")
+        raise ConfigError(f"TXSTAGE_METRICS_PORT={port}: cannot serve /metrics on "
+                          f"{host}:{port}: {exc.strerror or exc}; {hint}") from exc
 
 
 def _exit_now(stage: Stage, code: ExitCode) -> NoReturn:

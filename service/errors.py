@@ -3,6 +3,7 @@ them in one place, :mod:`service.kafka.errors`).
 
     TxstageError
     ├── ConfigError           bad settings or transform; the CLI exits 2
+    ├── UnreachableError      the cluster did not answer at start-up; the CLI exits 4
     ├── PoisonRecordError     a record the transform cannot turn into outputs
     ├── TopicLimitPending     an output topic's limits are being looked up: retry later
     │                         (service.contract.processing: it carries the outputs)
@@ -41,6 +42,12 @@ class ConfigError(TxstageError):
     def __init__(self, *problems: str) -> None:
         self.problems = problems
         super().__init__("; ".join(problems))
+
+
+class UnreachableError(TxstageError):
+    """The cluster did not answer the start-up checks while they waited for it. Not a
+    ConfigError: the address may be right and the brokers down (or the other way round),
+    and no setting can be named as wrong."""
 
 
 class PoisonRecordError(TxstageError):

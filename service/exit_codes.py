@@ -22,8 +22,14 @@ an alias of the same member (``ExitCode.NOT_RUNNING is ExitCode.POISON``)::
     3     POISON       run                      a poison record exhausted its attempts and
                                                 there is no dead-letter topic
           NOT_RUNNING  kafka status             the local broker is not running
+    5     TRANSFORM_TIMED_OUT  run              a transform call ran past
+                                                TXSTAGE_TRANSFORM_TIMEOUT_MS: recorded for
+                                                the next owner, which calls it again or
+                                                dead-letters the record
     4     UNFINISHED   audit, redrive           could not finish (cluster unreachable, a
                                                 read or a transaction that timed out)
+          UNREACHABLE  run, check-config        the cluster could not be queried at
+                                                start-up (``run`` asks for 120 s)
 
 Not in the table: ``128 + signal`` when a second SIGTERM/SIGINT ends ``run`` at once
 (``service.cli``), as a shell reports a process a signal ended.
@@ -42,9 +48,11 @@ class ExitCode(IntEnum):
     CONFIG = 2
     POISON = 3
     UNFINISHED = 4
+    TRANSFORM_TIMED_OUT = 5
 
     # The same numbers, named for what they mean to the command that returns them.
     FATAL = 1  # run, check-config
     VIOLATIONS = 1  # audit
     DIFFERENT = 1  # backfill verify
     NOT_RUNNING = 3  # kafka status
+    UNREACHABLE = 4  # run, check-config

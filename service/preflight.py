@@ -14,6 +14,7 @@ from service.errors import (
     DeniedError,
     KafkaOperationError,
     RetriableError,
+    UnreachableError,
     Where,
     transactional_prefix,
 )
@@ -40,14 +41,20 @@ def producer_max_bytes(settings: Settings, topic_limits: Iterable[int] = ()) -> 
     (not the request's or the batch's), always sends a message that passes alone,
     and each output is checked first against min(this, its topic's limit) with
     FRAMING_BYTES to spare (service/contract/processing.py)."""
-    told = producer_config(settings, None).get("message.max.bytes")
+    told = told_max_bytes(settings)
     if told is not None:
-        return int(str(told))
+        return told
     largest = max(topic_limits, default=None)
     if largest is None:
         return DEFAULT_MESSAGE_MAX_BYTES
     low, high = MESSAGE_MAX_BYTES_RANGE
     return min(max(largest, low), high)
+
+
+def told_max_bytes(settings: Settings) -> int | None:
+    """The producers' ``message.max.bytes`` the user set, if they did."""
+    told = producer_config(settings, None).get("message.max.bytes")
+    return None if told is None else int(str(told))
 
 
 def _told_variable(settings: Settings) -> str | None:
@@ -99,7 +106,8 @@ def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) 
     through a new admin client: a replica that starts during a broker restart waits
     for it instead of exiting (docs/decisions.md, "A cluster that cannot answer at
     start-up is asked again")."""
-    deadline = time.monotonic() + wait_s
+    began = time.monotonic()
+    deadline = began + wait_s
 
     def checks() -> tuple[list[str], Checked | None]:
         try:
@@ -115,8 +123,9 @@ def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) 
             raise
 
     def waiting(exc: RetriableError) -> None:
+        now = time.monotonic()
         log.warning("startup.cluster_unavailable", error=str(exc),
-                    waiting_s=round(deadline - time.monotonic(), 1))
+                    waited_s=round(now - began, 1), left_s=round(max(deadline - now, 0), 1))
 
     try:
         # renew: a client that waited through the outage may not recover
@@ -125,15 +134,14 @@ def check_cluster(settings: Settings, cluster: Cluster, *, wait_s: float = 0.0) 
     except DeniedError as exc:
         raise ConfigError(str(exc)) from exc
     except KafkaOperationError as exc:  # a RetriableError too, once the wait is over
-        raise _unreachable(settings, exc) from exc
+        raise UnreachableError(
+            f"cannot query the cluster at TXSTAGE_BOOTSTRAP_SERVERS="
+            f"{settings.bootstrap_servers} (asked for {time.monotonic() - began:.0f} s): "
+            f"{exc.where}: {exc.error.str()}; check the address and that the brokers are up"
+        ) from exc
     if problems or checked is None:
         raise ConfigError(*problems)
     return checked
-
-
-def _unreachable(settings: Settings, exc: KafkaOperationError) -> ConfigError:
-    return ConfigError(f"cannot query the cluster at TXSTAGE_BOOTSTRAP_SERVERS="
-                       f"{settings.bootstrap_servers}: {exc}")
 
 
 def _missing(permission: str) -> str:

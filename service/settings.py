@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -26,6 +25,7 @@ from dotenv import dotenv_values
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.bootstrap_servers import bootstrap_problem
 from service.errors import ConfigError
 
 Guarantee = Literal["exactly_once", "at_least_once"]
@@ -85,32 +85,6 @@ def _split(value: object) -> object:
     return value
 
 
-_BROKER = re.compile(r"(?:\w+://)?(?:\[[0-9A-Fa-f:.]+(?:%\w+)?\]|[\w.-]+):(?P<port>\d{1,5})",
-                     re.ASCII)  # librdkafka allows <protocol>:// before each
-_EXAMPLE = "e.g. kafka-1:9092,kafka-2:9092 or [::1]:9092"
-
-
-def bootstrap_problem(value: str) -> str | None:
-    """What is wrong with a bootstrap.servers list (comma-separated host:port, port
-    1-65535, an IPv6 address in brackets), or None; the whole value is quoted."""
-    entries = [entry.strip() for entry in value.split(",") if entry.strip()]
-    if not entries:
-        return f"empty: name the brokers as comma-separated host:port, {_EXAMPLE}"
-    for entry in entries:
-        found = _BROKER.fullmatch(entry)
-        why = ("has a space" if any(char.isspace() for char in entry) else
-               "has no port" if ":" not in entry else
-               "needs brackets around its IPv6 address" if "[" not in entry
-               and entry.count(":") > 1 and "://" not in entry else
-               "is not host:port" if found is None else
-               f"has the port {found['port']}, not 1-65535"
-               if not 1 <= int(found["port"]) <= 65535 else None)
-        if why is not None:
-            return f"{value!r} is not a comma-separated list of host:port, {_EXAMPLE} " \
-                   f"({entry!r} {why})"
-    return None
-
-
 # The fields whose values stand in for ones that failed (load_settings' second pass): a
 # default standing in for a bad value could make a false timing conflict.
 _FAILED: ContextVar[frozenset[str]] = ContextVar("_FAILED", default=frozenset())
@@ -143,12 +117,15 @@ class Settings(BaseSettings):
     held_partition_max_bytes: int = Field(16 * 1024 * 1024, ge=1024 * 1024)
     poll_timeout_ms: int = Field(100, gt=0)
     max_record_attempts: int = Field(5, gt=0)
+    workers: int = Field(0, ge=0, le=64)  # 0: the transform runs in the stage's process
+    transform_timeout_ms: int = Field(60_000, ge=0)  # 0: a transform call runs unwatched
     retry_backoff_ms: int = Field(200, ge=0)
     shutdown_timeout_s: float = Field(25.0, gt=0)
     metrics_host: str = "0.0.0.0"
     metrics_port: int = Field(9108, ge=0, le=65535)
     health_stale_after_s: float = Field(30.0, gt=0)
     lso_check_interval_s: float = Field(10.0, ge=0)  # 0: no last-stable-offset watch
+    group_lag_interval_s: float = Field(5.0, ge=0)  # 0: no txstage_group_lag
     fetch_stall_s: float = Field(30.0, ge=0)  # 0: no watch for unfetched partitions
     statistics_interval_ms: int = Field(10_000, ge=0)  # 0: no librdkafka statistics
     log_format: Literal["json", "console"] = "json"
@@ -190,12 +167,16 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:
-        timed = not _FAILED.get() & {"guarantee", "commit_interval_ms", "transaction_timeout_ms"}
+        failed = _FAILED.get()
+        timed = not failed & {"guarantee", "commit_interval_ms", "transaction_timeout_ms",
+                              "transform_timeout_ms"}
         problems = [*self._protected_overrides(), *(self._timing_problems() if timed else []),
                     *self._protocol_problems(), *self._reset_problems()]
-        if self.dlq_topic and self.dlq_topic in self.input_topics:
+        # Topics that failed are stand-ins, all spelt alike: they conflict with nothing.
+        inputs = () if "input_topics" in failed else self.input_topics
+        if self.dlq_topic and "dlq_topic" not in failed and self.dlq_topic in inputs:
             problems.append("TXSTAGE_DLQ_TOPIC must not be one of the input topics")
-        if self.output_topic in self.input_topics:
+        if "output_topic" not in failed and self.output_topic in inputs:
             problems.append("TXSTAGE_OUTPUT_TOPIC must not be one of the input topics")
         if problems:
             raise ValueError("\n".join(problems))  # one line each (load_settings)
@@ -236,13 +217,18 @@ class Settings(BaseSettings):
         return value is not None and OFFSET_RESETS.get(value.get_secret_value(), False)
 
     def _timing_problems(self) -> list[str]:
-        # A transaction stays open about one commit interval; leave the
-        # coordinator ample room before it times the transaction out.
-        if self.guarantee == "exactly_once" and \
-                self.commit_interval_ms * 10 > self.transaction_timeout_ms:
-            return [f"TXSTAGE_COMMIT_INTERVAL_MS={self.commit_interval_ms} must be at most a "
-                    f"tenth of TXSTAGE_TRANSACTION_TIMEOUT_MS={self.transaction_timeout_ms}"]
-        return []
+        # A transaction stays open an interval: room before the coordinator times it out.
+        found = [f"TXSTAGE_COMMIT_INTERVAL_MS={self.commit_interval_ms} must be at most a "
+                 f"tenth of TXSTAGE_TRANSACTION_TIMEOUT_MS={self.transaction_timeout_ms}"] if \
+            self.exactly_once and self.commit_interval_ms * 10 > self.transaction_timeout_ms else []
+        # Past max.poll.interval.ms the partitions move before an overrun is recorded.
+        poll = self.consumer.get("max.poll.interval.ms") or self.kafka.get("max.poll.interval.ms")
+        poll_ms = poll.get_secret_value().strip() if poll is not None else "300000"
+        if poll_ms.isdigit() and self.transform_timeout_ms >= int(poll_ms) and \
+                "transform_timeout_ms" in self.model_fields_set:
+            found.append(f"TXSTAGE_TRANSFORM_TIMEOUT_MS={self.transform_timeout_ms} must be "
+                         f"below the consumer's max.poll.interval.ms ({poll_ms}), or 0 (off)")
+        return found
 
     def passthrough_variable(self, section: str, prop: str) -> str:
         """The variable that set pass-through ``prop`` of ``section``, as spelled."""

@@ -195,15 +195,16 @@ def _verify_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("Compare two sets of outputs by lineage (txstage.src, txstage.idx): key, "
                      "value, topic and headers must match. A dead letter that txstage redrive "
                      "replaced (by its outputs, or by a later attempt) counts as what replaced "
-                     "it; redrive's marks are not compared.")
+                     "it; redrive's marks are not compared. Each kafka:// topic's parking "
+                     "topic (<topic>.parked), if any, is read too; a parked letter compares "
+                     "as if in its DLQ, and the report counts parked letters by topic.")
     p.add_argument("--expected", required=True,
                    help="kafka://<topic>[,<topic>...] or parquet:<path> (e.g. the stream's)")
     p.add_argument("--actual", required=True, help="the same forms (e.g. the backfill's)")
     p.add_argument("--rename", "--topic-map", dest="rename", action="append", default=[],
                    metavar="EXPECTED=ACTUAL",
                    help="an expected topic name that is another name on the actual side, as "
-                   "the backfill's --topic-map (repeatable; two may name one, e.g. the DLQ "
-                   "and its parking topic)")
+                   "the backfill's --topic-map (repeatable)")
     p.add_argument("--topic-suffix", metavar="SUFFIX", help="every expected kafka:// topic "
                    "not renamed is <topic><SUFFIX> on the actual side, as the backfill's")
     p.add_argument("--job-id", help="compare only outputs of that backfill job's input range")

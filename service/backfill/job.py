@@ -166,7 +166,7 @@ def _sampled_topics(config: JobConfig, admin: AdminClient | None,
     the tasks run it."""
     run = functools.partial(process, load_transform(config.transform),
                             default_topic=config.output_topic, dlq_topic=config.dlq_topic,
-                            max_bytes=lambda _topic: 1 << 62)
+                            max_bytes=lambda _topic: tasks.UNLIMITED)
     seen: dict[str, str] = {}
     for record in sample:
         try:
@@ -304,7 +304,8 @@ def _check_same_job(config: JobConfig, state: JobState, fresh: Plan) -> None:
 def _processing(config: JobConfig, *, kafka_limits: bool) -> tasks.Processing:
     settings = config.settings
     return tasks.Processing(config.transform, config.output_topic, config.dlq_topic,
-                            tasks.max_bytes(settings), settings if kafka_limits else None,
+                            tasks.max_bytes(settings, kafka_sink=kafka_limits),
+                            settings if kafka_limits else None,
                             config.topics)
 
 

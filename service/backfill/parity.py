@@ -18,6 +18,12 @@ generation, or outputs beside a letter, are still duplicates. The marks redrive 
 after the lineage headers are not compared: they record how a record came to be
 written, which a backfill that writes it once cannot repeat.
 
+Parked letters (``txstage.redrive.parked``) are letters like any other: a parked letter
+is compared as if in its DLQ (``<dlq>.parked`` as ``<dlq>``, unless renamed itself), since
+where redrive keeps a letter is history too. Reading ``kafka://`` topics also reads each
+one's parking topics that exist (letters.parking_topics), and the report counts the
+standing parked letters by the topic holding them.
+
 Content is kept as 16-byte digests, so a few million outputs fit in memory.
 """
 
@@ -26,31 +32,20 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from service.backfill.parity_report import FIELDS, Key, ParityReport, Reconciled
 from service.backfill.plan import Slice
 from service.backfill.specs import ParquetSink, parse_sink
 from service.contract import letters, lineage
+from service.contract.letters import PARKED, PARKING_SUFFIX
 from service.contract.lineage import Lineage
 from service.errors import ConfigError
-from service.kafka.reading import read_topics
+from service.kafka.reading import partitions, read_topics
 
-Key = tuple[str, int]  # (txstage.src, txstage.idx)
-FIELDS = ("topic", "key", "value", "headers")
-EXAMPLES = 5  # per kind of difference, in the report
-
-# The kinds of difference, in the order the report lists them: ParityReport's list
-# fields and their words.
-_KINDS = (
-    ("missing", "missing"),
-    ("extra", "extra"),
-    ("different", "different"),
-    ("dead_lettered_expected", "dead-lettered in expected only"),
-    ("dead_lettered_actual", "dead-lettered in actual only"),
-    ("duplicated_expected", "duplicated in expected"),
-    ("duplicated_actual", "duplicated in actual"),
-)
+# The report's types are parity's too (callers name them parity.ParityReport).
+__all__ = ["Output", "ParityReport", "Reconciled", "compare", "from_parquet", "from_topics",
+           "read", "with_parking", "within_slices"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,120 +56,6 @@ class Output:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...]
-
-
-@dataclass(slots=True)
-class Reconciled:
-    """Dead letters of one side that a later generation of their input replaced."""
-
-    by_redriven: int = 0  # by the outputs txstage redrive wrote in their place
-    by_later_attempt: int = 0  # by the letter redrive wrote again (or parked)
-
-    def __bool__(self) -> bool:
-        return bool(self.by_redriven or self.by_later_attempt)
-
-    def describe(self) -> str:
-        redriven, later = self.by_redriven, self.by_later_attempt
-        by_redriven = f"replaced by {'its' if redriven == 1 else 'their'} redriven outputs"
-        if redriven and later:
-            return f"{_plural(redriven, 'letter')} {by_redriven}, {later} by a later attempt"
-        if redriven:
-            return f"{_plural(redriven, 'letter')} {by_redriven}"
-        return f"{_plural(later, 'letter')} replaced by a later attempt"
-
-
-@dataclass(slots=True)
-class ParityReport:
-    expected: int = 0  # outputs read (within the range), replaced letters included
-    actual: int = 0
-    matching: int = 0  # keys whose standing records are equal on both sides
-    missing: list[Key] = field(default_factory=list)
-    extra: list[Key] = field(default_factory=list)
-    different: list[tuple[Key, tuple[str, ...]]] = field(default_factory=list)
-    # A letter on this side where the other has an output: e.g. not redriven yet.
-    dead_lettered_expected: list[Key] = field(default_factory=list)
-    dead_lettered_actual: list[Key] = field(default_factory=list)
-    duplicated_expected: list[Key] = field(default_factory=list)  # one per extra copy
-    duplicated_actual: list[Key] = field(default_factory=list)
-    unstamped_expected: int = 0
-    unstamped_actual: int = 0
-    reconciled_expected: Reconciled = field(default_factory=Reconciled)
-    reconciled_actual: Reconciled = field(default_factory=Reconciled)
-
-    def counts(self) -> dict[str, int]:
-        found = {name: len(getattr(self, name)) for name, _ in _KINDS}
-        found["unstamped_expected"] = self.unstamped_expected
-        found["unstamped_actual"] = self.unstamped_actual
-        return found
-
-    @property
-    def ok(self) -> bool:
-        return not any(self.counts().values())
-
-    def problems(self) -> list[str]:
-        """One line per kind of difference found: how many, and a few examples."""
-        found = []
-        for name, words in _KINDS:
-            count = len(getattr(self, name))
-            if not count:
-                continue
-            line = f"{words} {count}"
-            fields = self.different_fields() if name == "different" else ()
-            if fields:
-                line += f" ({', '.join(fields)})"
-            shown = [_where(key) + (f" ({', '.join(more)})" if len(fields) > 1 else "")
-                     for key, more in self._examples(name)]
-            found.append(f"{line}, e.g. {', '.join(shown)}")
-        found += [f"without lineage in {side} {count}" for side, count in
-                  (("expected", self.unstamped_expected), ("actual", self.unstamped_actual))
-                  if count]
-        return found
-
-    def lines(self) -> list[str]:
-        """The report for a person: the verdict, then what differs, what was read and
-        what redrive lineage was reconciled."""
-        problems = self.problems()
-        match = f"{_plural(self.matching, 'output')} {'matches' if self.matching == 1 else 'match'}"
-        head = f"DIFFERENT: {_plural(sum(self.counts().values()), 'difference')}; {match}" \
-            if problems else f"EQUAL: {match}"
-        found = [head, *(f"  {problem}" for problem in problems),
-                 f"  read {self.expected} expected outputs, {self.actual} actual"]
-        found += [f"  redrive ({side}): {reconciled.describe()}" for side, reconciled in
-                  (("expected", self.reconciled_expected), ("actual", self.reconciled_actual))
-                  if reconciled]
-        return found
-
-    def as_dict(self) -> dict[str, Any]:
-        """The report for a machine (``--json``)."""
-        return {
-            "verdict": "EQUAL" if self.ok else "DIFFERENT",
-            "matching": self.matching, "expected": self.expected, "actual": self.actual,
-            "counts": self.counts(), "different_fields": list(self.different_fields()),
-            "examples": {name: [{"input": key[0], "output": key[1]}
-                                | ({"fields": list(fields)} if name == "different" else {})
-                                for key, fields in self._examples(name)]
-                         for name, _ in _KINDS},
-            "redrive": {"expected": asdict(self.reconciled_expected),
-                        "actual": asdict(self.reconciled_actual)},
-        }
-
-    def different_fields(self) -> tuple[str, ...]:
-        seen = {name for _, fields in self.different for name in fields}
-        return tuple(name for name in FIELDS if name in seen)
-
-    def _examples(self, kind: str) -> list[tuple[Key, tuple[str, ...]]]:
-        if kind == "different":
-            return self.different[:EXAMPLES]
-        keys: list[Key] = getattr(self, kind)
-        return [(key, ()) for key in list(dict.fromkeys(keys))[:EXAMPLES]]
-
-
-def _where(key: Key) -> str:
-    return f"{key[0]} output {key[1]}"
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 # A record's generation, the order in which its input's records replace each other: an
@@ -204,6 +85,8 @@ def compare(expected: Iterable[Output], actual: Iterable[Output], *,
         got_side.add(out)
     want, report.duplicated_expected, report.reconciled_expected = want_side.settle()
     got, report.duplicated_actual, report.reconciled_actual = got_side.settle()
+    report.parked_expected, report.parked_actual = want_side.parked_in(want), \
+        got_side.parked_in(got)
     report.expected, report.unstamped_expected = want_side.read, want_side.unstamped
     report.actual, report.unstamped_actual = got_side.read, got_side.unstamped
     for key, a in want.items():
@@ -236,6 +119,7 @@ class _Side:
         self.more: dict[Key, list[_Entry]] = {}  # keys read again: few, unless duplicated
         self.lettered: set[Key] = set()  # keys with a dead letter: few, settled at the end
         self.redriven: set[str] = set()  # inputs (txstage.src) with redriven outputs
+        self.parked: dict[Key, tuple[int, str]] = {}  # parked letters: generation, topic
         self.read = self.unstamped = 0
 
     def add(self, out: Output) -> None:
@@ -254,11 +138,24 @@ class _Side:
             self.redriven.add(src)
         elif generation != _OUTPUT:
             self.lettered.add(key)
-        entry = (generation, *_digest(out, content, self.rename))
+        parked = generation not in (_OUTPUT, _REDRIVEN) and any(
+            name == PARKED for name, _ in marks)
+        if parked and generation >= self.parked.get(key, (0, ""))[0]:
+            self.parked[key] = (generation, out.topic)
+        entry = (generation, *_digest(out, content, self.rename, parked=parked))
         if key in self.first:
             self.more.setdefault(key, []).append(entry)
         else:
             self.first[key] = entry
+
+    def parked_in(self, standing: Mapping[Key, _Entry]) -> dict[str, int]:
+        """Standing letters that are parked, counted by the topic holding them."""
+        found: Counter[str] = Counter()
+        for key, (generation, topic) in self.parked.items():
+            entry = standing.get(key)
+            if entry is not None and entry[0] == generation:
+                found[topic] += 1
+        return dict(found)
 
     def settle(self) -> tuple[dict[Key, _Entry], list[Key], Reconciled]:
         """The standing record per key, the duplicates and the letters replaced. Decided
@@ -331,10 +228,14 @@ def _order(key: Key) -> tuple[str, int, int, int]:
 
 
 def _digest(out: Output, headers: tuple[tuple[str, bytes], ...],
-            rename: Mapping[str, str]) -> tuple[str, bytes, bytes, bytes]:
+            rename: Mapping[str, str], *, parked: bool = False
+            ) -> tuple[str, bytes, bytes, bytes]:
     joined = b"".join(_hash(name.encode()) + _hash(value) for name, value in headers)
-    return (rename.get(out.topic, out.topic), _hash(out.key), _hash(out.value),
-            _hash(joined))
+    topic = out.topic
+    if parked and topic not in rename:  # compared as in its DLQ
+        while topic.endswith(PARKING_SUFFIX):
+            topic = topic.removesuffix(PARKING_SUFFIX)
+    return (rename.get(topic, topic), _hash(out.key), _hash(out.value), _hash(joined))
 
 
 def _hash(data: bytes | None) -> bytes:
@@ -377,11 +278,31 @@ def read(where: str, bootstrap: str | None) -> Iterator[Output]:
         if not bootstrap:
             raise ConfigError(f"{where!r} needs TXSTAGE_BOOTSTRAP_SERVERS or "
                               f"--bootstrap-servers")
-        return from_topics(bootstrap, topics)
+        return from_topics(bootstrap, with_parking(topics, _exists(bootstrap)))
     sink = parse_sink(where)
     if not isinstance(sink, ParquetSink):
         raise ConfigError(f"{where!r}: compare kafka://<topics> or parquet:<path>")
     return from_parquet(sink.path)
+
+
+def with_parking(topics: Iterable[str], exists: Callable[[str], bool]) -> list[str]:
+    """``topics`` and the parking topics of each that exist (``<dlq>.parked``, and the
+    nested ones older redrives left), so that every parked letter is read."""
+    found = list(dict.fromkeys(topics))
+    for topic in list(found):
+        found += [t for t in letters.parking_topics(topic, exists) if t not in found]
+    return found
+
+
+def _exists(bootstrap: str) -> Callable[[str], bool]:
+    def exists(topic: str) -> bool:
+        try:
+            partitions({"bootstrap.servers": bootstrap}, [topic])
+        except LookupError:
+            return False
+        return True
+
+    return exists
 
 
 def within_slices(slices: Iterable[Slice]) -> Callable[[Lineage], bool]:

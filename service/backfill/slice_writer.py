@@ -96,9 +96,11 @@ class SliceWriter:
     def __init__(self, task: SliceTask, producer: PinnedProducer,
                  read_progress: Callable[[], SliceProgress | None], process: Process,
                  clock: Callable[[], float] = time.monotonic, *,
-                 dlq_topic: str | None = None, unread: Unread | None = None) -> None:
+                 dlq_topic: str | None = None, unread: Unread | None = None,
+                 max_bytes: Callable[[str], int] | None = None) -> None:
         self.task, self.producer, self.process, self.clock = task, producer, process, clock
         self.dlq_topic = dlq_topic
+        self._max_bytes = max_bytes  # process's: a refused record's letter fits its topic
         self._read_progress = read_progress
         self._unread = unread
         self._seen = 0       # inputs handed over, skipped ones included
@@ -294,7 +296,7 @@ class SliceWriter:
         # A dead letter refused in turn leaves nowhere to write the record: poison.
         dlq = None if isinstance(result.error, OutputRefusedError) else self.dlq_topic
         try:
-            letter = refused(record, OutputRefusedError(cause), dlq)
+            letter = refused(record, OutputRefusedError(cause), dlq, self._max_bytes)
         except PoisonRecordError:
             self._write_group(results[:index], (), None)
             raise

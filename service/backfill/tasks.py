@@ -27,11 +27,11 @@ from service.backfill.topic_map import TopicMap, UnmappedTopicError
 from service.contract.loading import load_transform
 from service.contract.processing import process
 from service.contract.records import Record
-from service.kafka.cluster import DEFAULT_MESSAGE_MAX_BYTES, Cluster, OutputLimits
+from service.kafka.cluster import Cluster, OutputLimits
 from service.kafka.config import admin_config, producer_config
 from service.kafka.producer import PinnedProducer
 from service.observability import interpreter
-from service.preflight import producer_max_bytes
+from service.preflight import sized_max_bytes, told_max_bytes
 from service.settings import Settings
 
 
@@ -42,6 +42,7 @@ class Processing:
     With ``settings`` (a Kafka sink) output sizes are checked against each topic's
     ``max.message.bytes`` exactly as the stage does (service.kafka.cluster.OutputLimits, one
     AdminClient per worker); without (a Parquet sink) against ``max_bytes`` only.
+    ``max_bytes``: the size outputs are checked against (``max_bytes()``).
     """
 
     transform: str  # module.path:function
@@ -95,13 +96,15 @@ def _transform(ref: str) -> Any:
     return load_transform(ref)
 
 
-_limits: dict[str, OutputLimits] = {}  # per worker process, by bootstrap servers
+# Per worker process (Spark reuses it across tasks and jobs), by bootstrap servers and
+# the producers' size, which differs between jobs.
+_limits: dict[tuple[str, int], OutputLimits] = {}
 
 
 def _max_bytes(spec: Processing) -> Callable[[str], int]:
     if spec.settings is None:
         return lambda _topic: spec.max_bytes
-    key = spec.settings.bootstrap_servers
+    key = (spec.settings.bootstrap_servers, spec.max_bytes)
     if key not in _limits:
         _limits[key] = OutputLimits(Cluster(admin_config(spec.settings)), spec.max_bytes)
     return _limits[key].lookup  # per output, as the stage's: the dict's own lookup
@@ -131,8 +134,22 @@ def _mapped_limits(spec: Processing) -> Callable[[str], int]:
     return limit
 
 
-def max_bytes(settings: Settings | None) -> int:
-    return producer_max_bytes(settings) if settings is not None else DEFAULT_MESSAGE_MAX_BYTES
+UNLIMITED = 1 << 62  # no size applies
+
+
+def max_bytes(settings: Settings | None, *, kafka_sink: bool) -> int:
+    """The producers' ``message.max.bytes``, on the driver. A Kafka sink's is the stage's
+    (preflight.sized_max_bytes) from the sink's default output and dead-letter topics,
+    after the topic map (``settings`` names them), so a record the stream writes whole
+    the backfill writes whole. A Parquet sink has no producer and its rows hold any
+    size: only a size the user set for the producers applies (as it does to the
+    stream's), else none."""
+    if settings is None:
+        return UNLIMITED
+    if kafka_sink:
+        return sized_max_bytes(settings, Cluster(admin_config(settings)))
+    told = told_max_bytes(settings)
+    return UNLIMITED if told is None else told
 
 
 class Counters:
@@ -216,8 +233,10 @@ def slice_writer(job: KafkaSinkJob, index: int) -> SliceWriter:
     """A writer for one attempt at slice ``index``, with its own pinned producer."""
     task = job.slice_task(index)
     piece, settings = task.piece, job.settings
-    producer = PinnedProducer(producer_config(settings, task.transactional_id), piece.topic,
-                              piece.partition,
+    # Sized as the outputs are checked (Processing.max_bytes), as the stage's producers.
+    config = producer_config(settings, task.transactional_id,
+                             message_max_bytes=job.processing.max_bytes)
+    producer = PinnedProducer(config, piece.topic, piece.partition,
                               deadline_s=settings.transaction_timeout_ms / 1000 + 30,
                               connect_first=True)
 
@@ -230,7 +249,8 @@ def slice_writer(job: KafkaSinkJob, index: int) -> SliceWriter:
                                           piece.end)
 
     return SliceWriter(task, producer, committed, processor(job.processing),
-                       dlq_topic=job.processing.dlq_topic, unread=unread)
+                       dlq_topic=job.processing.dlq_topic, unread=unread,
+                       max_bytes=_mapped_limits(job.processing))
 
 
 def write_slice(job: KafkaSinkJob, index: int, read: Read) -> SliceOutcome:

@@ -19,11 +19,16 @@ timestamp becomes the letter's (the original's is not kept). It marks
 - a letter whose attempt reaches ``--max-attempts`` (written to the parking topic
   instead of the DLQ) also with ``txstage.redrive.parked`` = ``1``. It stays a letter
   ``parse`` reads, so the parking topic can itself be redriven once the cause is fixed.
+
+Parking is one place (``parking_topic_of``): the parking topic of ``<dlq>`` is
+``<dlq>.parked``, and that of a topic already named ``*.parked`` is the topic itself, so
+redriving a parking topic never nests another. A parked letter that fails again is left
+where it is (service/tools/redrive/run.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from service.contract import lineage
@@ -41,6 +46,7 @@ from service.contract.records import Record
 REDRIVEN = lineage.REDRIVEN
 ATTEMPT = lineage.REDRIVE_ATTEMPT
 PARKED = "txstage.redrive.parked"
+PARKING_SUFFIX = ".parked"
 # What the stage appends to the original record's headers, in this order.
 _APPENDED = (ERROR_CLASS, ERROR_MESSAGE, ERROR_TOPIC, ERROR_PARTITION, ERROR_OFFSET,
              lineage.SRC, lineage.IDX)
@@ -66,6 +72,24 @@ class Letter:
     @property
     def coordinates(self) -> str:
         return f"{self.topic}/{self.partition}/{self.offset}"
+
+
+def parking_topic_of(dlq_topic: str) -> str:
+    """Where redrive parks the letters of ``dlq_topic``: ``<dlq>.parked``, or the topic
+    itself when it is a parking topic already (no ``.parked.parked``)."""
+    return dlq_topic if dlq_topic.endswith(PARKING_SUFFIX) else dlq_topic + PARKING_SUFFIX
+
+
+def parking_topics(dlq_topic: str, exists: Callable[[str], bool]) -> list[str]:
+    """The parking topics of ``dlq_topic`` that exist: ``<dlq>.parked``, and the
+    ``<dlq>.parked.parked``... that redrives of a parking topic created before parking
+    was kept in one place (their letters are parked letters all the same)."""
+    found: list[str] = []
+    topic = dlq_topic + PARKING_SUFFIX
+    while exists(topic):
+        found.append(topic)
+        topic += PARKING_SUFFIX
+    return found
 
 
 def parse(topic: str, partition: int, offset: int, timestamp: int, key: bytes | None,

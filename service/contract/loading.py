@@ -6,6 +6,7 @@ then on PYTHONPATH and in the installed packages, as ``python -m`` looks."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -41,13 +42,30 @@ def load_transform(ref: str) -> Transform:
             target = getattr(target, part)
         except AttributeError as exc:
             raise ConfigError(
-                f"TXSTAGE_TRANSFORM={ref!r}: module {module_name!r} has no attribute {attr!r}"
+                f"TXSTAGE_TRANSFORM={ref!r}: module {module_name!r} has no attribute "
+                f"{attr!r}{_did_you_mean(module_name, attr, target, part)}"
             ) from exc
     if not callable(target):
         raise ConfigError(
             f"TXSTAGE_TRANSFORM={ref!r}: {attr!r} is a {type(target).__name__}, not callable"
         )
     return cast(Transform, target)
+
+
+def _did_you_mean(module_name: str, attr: str, owner: object, missing: str) -> str:
+    """`` (did you mean module:name?)`` for the callable of ``owner`` spelt closest to
+    ``missing`` (the part of ``attr`` not found), or the callables there are. Of a
+    module, only those it defines: not what it imported (``Record``, ``Iterator``)."""
+    callables = sorted(name for name in dir(owner) if not name.startswith("_")
+                       and callable(value := getattr(owner, name, None))
+                       and getattr(value, "__module__", module_name) == module_name)
+    close = difflib.get_close_matches(missing, callables, 1, 0.6)
+    if close:
+        found = attr[:len(attr) - len(missing)] + close[0]  # the same path, its last part
+        return f" (did you mean {module_name}:{found}?)"
+    if callables and len(callables) <= 10:
+        return f" (its callables: {', '.join(callables)})"
+    return ""
 
 
 def _current_directory_first() -> None:

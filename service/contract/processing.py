@@ -73,10 +73,16 @@ class OutputRefusedError(ValueError):
     compacted topic): retrying cannot help, the record is poison."""
 
 
-def refused(record: Record, error: OutputRefusedError, dlq_topic: str | None,
-            max_bytes: Callable[[str], int] | None = None) -> Result:
-    """The dead letter for a record whose outputs the broker refused; raises
-    PoisonRecordError without a dead-letter topic (the same policy as a failing transform)."""
+class TransformTimeoutError(TimeoutError):
+    """Calls of the transform on this record overran TXSTAGE_TRANSFORM_TIMEOUT_MS as
+    many times as a record may be attempted: it is not called again."""
+
+
+def refused(record: Record, error: OutputRefusedError | TransformTimeoutError,
+            dlq_topic: str | None, max_bytes: Callable[[str], int] | None = None) -> Result:
+    """The dead letter for a record whose outputs the broker refused, or whose transform
+    calls overran; raises PoisonRecordError without a dead-letter topic (the same policy
+    as a failing transform)."""
     if not dlq_topic:
         raise PoisonRecordError(record.topic, record.partition, record.offset, error)
     return _dead_letter(record, error, dlq_topic, max_bytes)

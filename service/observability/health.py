@@ -12,7 +12,8 @@ the HTTP server's threads, so it is the one place where the two meet:
   treating it as unready would stall rolling updates whenever there are more
   replicas than input partitions.
 
-``serve`` exposes both, plus ``/metrics``, on one port in a daemon thread.
+``serve`` exposes both, plus ``/metrics``, on one port in a daemon thread (``listen``
+binds the port first, before the replica's slow start-up, so a taken port is said at once).
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class Health:
         self._last_beat = clock()
         self._lock = threading.Lock()
         self._group = _Group(fatal_reason=None, joined=False, assigned=None, ready=0)
+        # TXSTAGE_WORKERS: how many transform workers are alive (None: in-process).
+        self.workers_alive: Callable[[], int] | None = None
 
     def beat(self) -> None:
         """Record that the consumer loop iterated (cheap: one time store)."""
@@ -125,6 +128,8 @@ class Health:
             return False, {"status": "awaiting_assignment", **counts}
         if group.ready != group.assigned:
             return False, {"status": "initializing_producers", **counts}
+        if self.workers_alive is not None and not self.workers_alive():
+            return False, {"status": "no_transform_worker", **counts}
         return True, {"status": "ok", **counts}
 
 
@@ -138,22 +143,35 @@ def publish_readiness(health: Health, metrics: Metrics) -> None:
 
 
 class Server:
-    """A running health/metrics HTTP server; ``close()`` stops it and frees the port."""
+    """A health/metrics HTTP server: bound by ``listen``, serving after ``serve``;
+    ``close()`` stops it and frees the port."""
 
-    def __init__(self, httpd: ThreadingHTTPServer, thread: threading.Thread) -> None:
+    def __init__(self, httpd: ThreadingHTTPServer) -> None:
         self._httpd = httpd
-        self._thread = thread
+        self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
         """The port actually bound (differs from the one asked for when that was 0)."""
         return int(self._httpd.server_address[1])
 
+    def serve(self, registry: CollectorRegistry, health: Health) -> Server:
+        """Answer ``/metrics``, ``/healthz`` and ``/readyz`` from now on, in a daemon
+        thread: a replica that is exiting is never held up by a scrape in flight."""
+        self._httpd.RequestHandlerClass = type(
+            "Handler", (_Handler,), {"registry": registry, "health": health})
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        args=(_SHUTDOWN_POLL_S,), name="txstage-http",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
     def close(self) -> None:
         """Stop serving, close the socket and wait for the serving thread."""
-        self._httpd.shutdown()
+        if self._thread is not None:  # shutdown() waits for a serve_forever that ran
+            self._httpd.shutdown()
+            self._thread.join()
         self._httpd.server_close()
-        self._thread.join()
 
     def __enter__(self) -> Server:
         return self
@@ -162,20 +180,17 @@ class Server:
         self.close()
 
 
+def listen(port: int, host: str = "0.0.0.0") -> Server:
+    """Bind ``host:port`` now (an OSError if it is taken); requests wait in the
+    socket's backlog until ``Server.serve``."""
+    return Server(_QuietServer((host, port), _Handler))
+
+
 def serve(
     port: int, registry: CollectorRegistry, health: Health, host: str = "0.0.0.0",
 ) -> Server:
-    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` in a daemon thread.
-
-    Daemon, so a replica that is exiting is never held up by a scrape in flight.
-    """
-    handler = type("Handler", (_Handler,), {"registry": registry, "health": health})
-    httpd = _QuietServer((host, port), handler)
-    thread = threading.Thread(
-        target=httpd.serve_forever, args=(_SHUTDOWN_POLL_S,), name="txstage-http", daemon=True,
-    )
-    thread.start()
-    return Server(httpd, thread)
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` at once."""
+    return listen(port, host).serve(registry, health)
 
 
 class _QuietServer(ThreadingHTTPServer):

@@ -190,6 +190,12 @@ _REBALANCE = re.compile(r"ILLEGAL_GENERATION|REBALANCE_IN_PROGRESS|UNKNOWN_MEMBE
 # and "Disconnected: verify that security.protocol ..." name a configuration error.
 _UNREACHABLE = re.compile(r"Connection refused|Connect to \S+ failed|Disconnected \(|"
                           r"Connection reset by peer|Failed to resolve|\d+/\d+ brokers are down")
+# "Failed to acquire transactional PID ...: retrying" (librdkafka's rdkafka_idempotence.c)
+# for what a busy coordinator answers: CONCURRENT_TRANSACTIONS while it aborts what the
+# last owner left open, or it is loading or moving. Any other error stays a warning.
+_COORDINATOR_BUSY = re.compile(
+    r"Failed to acquire transactional PID .*(?:concurrent operation on the same transaction"
+    r"|Coordinator load in progress|Not coordinator|Coordinator not available).*: retrying")
 
 LEVELS: tuple[Level, ...] = (
     Level(frozenset({"TXNERR", "FATAL"}), _FENCE, logging.WARNING,
@@ -200,6 +206,9 @@ LEVELS: tuple[Level, ...] = (
     Level(frozenset({"TXNERR"}), _REBALANCE, logging.INFO,
           "the group rebalanced while a transaction held offsets of the old generation; "
           "the stage aborts it and carries on (transaction.aborted)"),
+    Level(frozenset({"GETPID"}), _COORDINATOR_BUSY, logging.INFO,
+          "a take-over's init_transactions met the coordinator still ending the last "
+          "owner's transaction (or moving); librdkafka asks again by itself"),
     Level(frozenset({"FAIL", "ERROR", "_TRANSPORT", "_ALL_BROKERS_DOWN"}), _UNREACHABLE,
           logging.WARNING, "a broker cannot be reached; librdkafka retries by itself, and "
           "the stage fails on its own (stage.failed) when that matters"),

@@ -17,21 +17,18 @@ Alert TxstageLastStableOffsetStuck and the runbook: docs/operations.md.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
 from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 from prometheus_client import Gauge
 
 from service.observability.logs import librdkafka_logger
-
-log = structlog.get_logger(__name__)
+from service.observability.periodic import Periodic
 
 Key = tuple[str, str, int]  # role, topic, partition
 _LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
@@ -55,7 +52,7 @@ class LsoTracker:
         return high - lso, now - previous[1]
 
 
-class LsoWatch:
+class LsoWatch(Periodic):
     """The thread; ``topics`` maps a role (input, output) to topic names."""
 
     def __init__(self, admin_config: Mapping[str, Any], topics: Mapping[str, Sequence[str]],
@@ -65,28 +62,9 @@ class LsoWatch:
         self._admin = AdminClient(config)
         self._topics = {role: list(dict.fromkeys(names)) for role, names in topics.items()}
         self._lag, self._stuck = lag, stuck
-        self._interval_s, self._clock = interval_s, clock
+        self._clock = clock
         self._tracker = LsoTracker()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lso-watch", daemon=True)
-
-    def start(self) -> LsoWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        failures = 0
-        while not self._stop.wait(self._interval_s):
-            try:
-                self.check()
-                failures = 0
-            except Exception as exc:  # a thread that dies says nothing more: keep trying
-                failures += 1
-                if failures in (1, 10) or failures % 100 == 0:
-                    log.warning("lso_watch.failed", error=str(exc), in_a_row=failures)
+        super().__init__("lso-watch", interval_s)
 
     def check(self) -> None:
         """One round: list the offsets, update the gauges."""

@@ -158,6 +158,31 @@ class Metrics:
             "Partitions found unfetched though Kafka held committed records past their "
             "position; each one's fetcher was restarted", registry=registry,
         )
+        self.transform_timeouts = Counter(
+            "txstage_transform_timeouts",
+            "Transform calls that ran past TXSTAGE_TRANSFORM_TIMEOUT_MS (in-process the "
+            "replica then exits; with workers the worker is killed)", registry=registry,
+        )
+        self.workers_alive = Gauge(
+            "txstage_workers_alive",
+            "Transform worker processes alive (TXSTAGE_WORKERS; absent in-process)",
+            registry=registry,
+        )
+        self.worker_chunks_in_flight = Gauge(
+            "txstage_worker_chunks_in_flight",
+            "Chunks of records sent to the workers whose results are not processed yet",
+            registry=registry,
+        )
+        self.worker_restarts = Counter(
+            "txstage_worker_restarts",
+            "Transform worker processes replaced (died, or killed past the time-out)",
+            registry=registry,
+        )
+        self.worker_busy_seconds = Counter(
+            "txstage_worker_busy_seconds",
+            "Seconds the transform workers spent on chunks, summed over workers (its rate "
+            "divided by TXSTAGE_WORKERS is their busy ratio)", registry=registry,
+        )
         self.rebalances = Counter(
             "txstage_rebalances",
             "Rebalance callbacks, by kind", ["kind"], registry=registry,
@@ -175,6 +200,13 @@ class Metrics:
         self.consumer_lag = Gauge(
             "txstage_consumer_lag",
             "Records between the consumer position and the partition's high watermark",
+            ["topic", "partition"], registry=registry,
+        )
+        # service/observability/group_lag.py: every replica exports every partition.
+        self.group_lag = Gauge(
+            "txstage_group_lag",
+            "Records between the group's committed offset and the partition's high "
+            "watermark, for every input partition, owned or not",
             ["topic", "partition"], registry=registry,
         )
         self.oldest_open_transaction = Gauge(

@@ -4,8 +4,7 @@ the guarantee, with the clock looked at between records (checkpoints)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
-from itertools import chain
+from collections.abc import Iterable
 
 import structlog
 from confluent_kafka import (
@@ -21,15 +20,16 @@ from service.contract.processing import (
     refused,
     written_before,
 )
-from service.contract.records import Output, Record
+from service.contract.records import Output, Record, Transform
 from service.errors import (
     KafkaOperationError,
     PoisonRecordError,
 )
 from service.kafka.messages import to_record
 from service.stage import machine as sm
-from service.stage.loop_state import LoopState
+from service.stage.holding import Holding
 from service.stage.partition import Partition
+from service.stage.transform_watch import exhausted
 
 log = structlog.get_logger(__name__)
 
@@ -45,7 +45,7 @@ _NO_LIMIT = 1 << 62
 _ACTIVE = sm.Phase.ACTIVE
 
 
-class Batch(LoopState):
+class Batch(Holding):
     """The hot path of :class:`Loop`: a consumed batch through the transform."""
 
     def process(self, messages: Iterable[Message], now: float,  # noqa: PLR0915 (inlined:
@@ -73,9 +73,11 @@ class Batch(LoopState):
         held by its partitions, in order, for the next iterations (``_hand_back``)."""
         partitions = self.partitions
         transform, max_bytes = self.transform, self.limits.lookup
+        if saved:  # what the transform yielded already, in a worker or before a hold
+            transform = _replaying(saved, transform)
         default_topic, dlq_topic = self.settings.output_topic, self.settings.dlq_topic or None
         observe, clock = self._transform_seconds, time.monotonic
-        produced = self._produced
+        produced, watch = self._produced, self.watch  # watch: TXSTAGE_TRANSFORM_TIMEOUT_MS
         owner: Partition | None = None  # the flowing partition whose run this is
         run: list[Processed] = []
         consumed = position = 0         # position: the owner's next offset, as of the run
@@ -106,7 +108,7 @@ class Batch(LoopState):
             if partition is not owner:
                 consumed += self._write_run(owner, run, now)
                 owner = None
-                if not partition.flowing or saved or partition.held:
+                if not partition.flowing or partition.held:
                     consumed += self._one(partition, msg, now, saved)
                     finished = clock()
                     continue
@@ -117,15 +119,18 @@ class Batch(LoopState):
                 continue  # a stale fetch from before a seek
             record = to_record(msg)
             started = clock()
+            watch.record = record
             try:
                 result = process(transform, record, default_topic=default_topic,
                                  dlq_topic=dlq_topic, max_bytes=max_bytes)
             except (PoisonRecordError, TopicLimitPending) as exc:
                 consumed += self._write_run(owner, run, now)
                 owner = None
-                self._not_processed(partition, msg, exc, now)
+                self._not_processed(partition, msg, exc, now,
+                                    saved.get(offset) if saved else None)
                 continue
             finally:
+                watch.record = None
                 finished = clock()
             observe(finished - started)
             outputs, failure = result
@@ -232,6 +237,9 @@ class Batch(LoopState):
                 self._hold(partition, msg, saved)
                 return False
         refusal = state.refused.get(offset)
+        overrun = state.overrun  # calls on it overran: dead-lettered once they were too many
+        timed_out = exhausted(overrun, offset, self.policy.max_record_attempts) if overrun \
+            else None
         record = to_record(msg)
         started = time.perf_counter()
         settings = self.settings
@@ -240,16 +248,19 @@ class Batch(LoopState):
         if yielded is not None:
             transform = lambda _record: yielded  # noqa: E731 (as yielded on the first run)
         try:
-            if refusal is not None:
-                result = refused(record, OutputRefusedError(refusal), settings.dlq_topic or None,
-                                 self.limits.lookup)
+            if refusal is not None or timed_out is not None:
+                result = refused(record, timed_out or OutputRefusedError(refusal),
+                                 settings.dlq_topic or None, self.limits.lookup)
             else:
+                self.watch.record = record
                 result = process(transform, record, default_topic=settings.output_topic,
                                  dlq_topic=settings.dlq_topic or None,
                                  max_bytes=self.limits.lookup)
         except (PoisonRecordError, TopicLimitPending) as exc:
-            self._not_processed(partition, msg, exc, now)
+            self._not_processed(partition, msg, exc, now, yielded)
             return False
+        finally:
+            self.watch.record = None
         self._transform_seconds(time.perf_counter() - started)
         return self._written(partition, record, result, now)
 
@@ -272,88 +283,19 @@ class Batch(LoopState):
         return True
 
     def _not_processed(self, partition: Partition, msg: Message,
-                       exc: PoisonRecordError | TopicLimitPending, now: float) -> None:
+                       exc: PoisonRecordError | TopicLimitPending, now: float,
+                       yielded: list[Output] | None = None) -> None:
+        """``yielded``: what the transform yielded for the record before (in a worker):
+        kept for when it is processed again, should the transform's own outputs not
+        say (a dead letter's topic being looked up)."""
         if isinstance(exc, PoisonRecordError):
             self.dispatch(partition, sm.Poisoned(exc, now))
         else:  # an output topic not looked up yet: hold the record meanwhile
-            if exc.outputs is not None:
-                partition.saved[msg.offset()] = exc.outputs  # type: ignore[index]
+            outputs = exc.outputs if exc.outputs is not None else yielded
+            if outputs is not None:
+                partition.saved[msg.offset()] = outputs  # type: ignore[index]
             self.dispatch(partition, sm.TopicUnknown(exc.topic))
             self._hold(partition, msg)
-
-    def _stale(self, partition: Partition, offset: int) -> bool:
-        """A record fetched before the partition's last seek: it is read again."""
-        return offset < partition.position or partition.seek_to is not None \
-            or partition.seek_batch == self._batch
-
-    def _hand_back(self, first: Message, rest: Iterator[Message],
-                   saved: dict[int, list[Output]] | None) -> None:
-        """The poll-gap bound ends the batch at ``first``: it and the rest are held by
-        their partitions, in order (a record the partition would not process now, as
-        ``_one`` decides, is dropped: it is read again after its seek), and are
-        processed first once the loop has been back to consume()."""
-        partitions = self.partitions
-        for msg in chain((first,), rest):
-            if msg.error() is not None:
-                self._consume_error(msg.error(), msg)  # type: ignore[arg-type]
-                continue
-            partition = partitions.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
-            if partition is None or self._stale(partition, msg.offset()):  # type: ignore[arg-type]
-                continue
-            state = partition.state
-            if state.holding or partition.held or (state.phase is sm.Phase.ACTIVE and not (
-                    state.pauses and sm.Pause.BACKOFF in state.pauses)):
-                self._hold(partition, msg, saved)
-        self.metrics.poll_gap_yields.inc()
-
-    def _hold(self, partition: Partition, msg: Message,
-              saved: dict[int, list[Output]] | None = None) -> None:
-        """Hold a record, in order, with what the transform already yielded for it
-        (``saved``, when a held record is held again: it is not transformed twice).
-        At the first limit reached (records or bytes held by the partition, or bytes
-        held by the replica) the partition stops fetching until they are processed."""
-        if saved:
-            yielded = saved.pop(msg.offset(), None)  # type: ignore[arg-type]
-            if yielded is not None:
-                partition.saved[msg.offset()] = yielded  # type: ignore[index]
-        held = partition.held
-        if not held:
-            partition.held_since = time.monotonic()
-        held.append(msg)
-        size = held_size(msg)
-        partition.held_bytes += size
-        self.held_bytes += size
-        policy = self.policy
-        if (len(held) >= policy.backlog_limit
-                or partition.held_bytes >= policy.held_partition_max_bytes
-                or self.held_bytes >= policy.held_max_bytes) \
-                and sm.Pause.BACKLOG not in partition.state.pauses:
-            self.dispatch(partition, sm.BacklogFull())
-
-    def _take_held(self, partition: Partition) -> tuple[list[Message], dict[int, list[Output]]]:
-        """The partition's held records and saved outputs, no longer counted as held."""
-        held, partition.held = partition.held, []
-        saved, partition.saved = partition.saved, {}
-        self.held_bytes -= partition.held_bytes
-        partition.held_bytes = 0
-        return held, saved
-
-    def _drain(self, partition: Partition) -> None:
-        """Process what the partition holds (before anything fetched later), as far as
-        the poll-gap bound allows; the rest stays held, in order. Once below the
-        limits, an active partition fetches again."""
-        if partition.releasing:
-            return
-        if partition.held and time.monotonic() < self.yield_at:
-            held, saved = self._take_held(partition)
-            self.process(held, time.monotonic(), saved)
-        state = partition.state
-        policy = self.policy
-        if state.pauses and sm.Pause.BACKLOG in state.pauses and state.phase is sm.Phase.ACTIVE \
-                and len(partition.held) < policy.backlog_limit \
-                and partition.held_bytes < policy.held_partition_max_bytes \
-                and self.held_bytes < policy.held_max_bytes:
-            self.dispatch(partition, sm.BacklogDrained())
 
     def _tell_written(self, partition: Partition) -> None:
         event = sm.Wrote(partition.batch_first, partition.batch_next, partition.batch_records,
@@ -362,14 +304,12 @@ class Batch(LoopState):
         partition.state, _ = sm.transition(partition.state, event, self.policy)
 
 
-def held_size(msg: Message) -> int:
-    """A held record's bytes: its key, value and headers."""
-    size = len(msg.value() or b"") + len(msg.key() or b"")
-    headers: list[tuple[str, bytes | None]] | None = msg.headers()  # type: ignore[assignment]
-    if headers:
-        for name, value in headers:
-            size += len(name) + len(value or b"")
-    return size
+def _replaying(saved: dict[int, list[Output]], transform: Transform) -> Transform:
+    """The transform, but for a record it already ran on: what it yielded then."""
+    def replay(record: Record) -> Iterable[Output]:
+        yielded = saved.get(record.offset)
+        return transform(record) if yielded is None else yielded
+    return replay
 
 
 def _advance(partition: Partition, first: Record, last: Record, records: int,

@@ -13,6 +13,7 @@ from confluent_kafka import (
 from service.stage import machine as sm
 from service.stage.loop_state import LoopState
 from service.stage.partition import Partition, TopicPartitionKey
+from service.stage.workers import WorkerPool
 
 log = structlog.get_logger(__name__)
 
@@ -40,11 +41,24 @@ class Housekeeping(LoopState):
             max((p.state.age(now) for p in self.partitions.values()), default=0))
         self.metrics.held_records.set(sum(len(p.held) for p in self.partitions.values()))
         self.metrics.held_bytes.set(self.held_bytes)
+        if self.pool is not None:
+            self._report_workers(self.pool)
         for partition in self.partitions.values():
             high = self._fetched_high(partition.tp)
             if high >= 0 and partition.position >= 0:
                 self.metrics.consumer_lag.labels(partition.topic, str(partition.partition)).set(
                     max(high - partition.read_to(), 0))
+
+    def _report_workers(self, pool: WorkerPool) -> None:
+        metrics = self.metrics
+        metrics.workers_alive.set(pool.alive)
+        metrics.worker_chunks_in_flight.set(pool.in_flight)
+        counted = self._workers_counted
+        now = (pool.restarts, pool.timeouts, pool.busy_seconds())
+        metrics.worker_restarts.inc(now[0] - counted[0])
+        metrics.transform_timeouts.inc(now[1] - counted[1])
+        metrics.worker_busy_seconds.inc(max(now[2] - counted[2], 0.0))
+        self._workers_counted = now
 
     def _watch_stalls(self, now: float) -> None:
         """Log each partition on request (SIGUSR1), and warn once per phase about a

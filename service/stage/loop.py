@@ -51,9 +51,12 @@ from service.stage.fetch_watch import FetchWatch
 from service.stage.guarantees.guarantee import Guarantee
 from service.stage.housekeeping import Housekeeping
 from service.stage.jobs import Jobs
+from service.stage.offload import Offload
 from service.stage.partition import Partition, TopicPartitionKey
 from service.stage.positions import Positions
 from service.stage.reports import Reports
+from service.stage.transform_watch import Marker
+from service.stage.workers import WorkerPool
 
 log = structlog.get_logger(__name__)
 
@@ -64,13 +67,14 @@ _MAX_STUCK_CALLS = 4
 _BUSY_POLL_S = 0.005  # consume()'s wait while a commit runs or records are held
 
 
-class Loop(Batch, Positions, Reports, Housekeeping):
+class Loop(Batch, Offload, Positions, Reports, Housekeeping):
     """One replica's consumer loop over the partitions it owns. Its parts are
     mixins over the one object, so the hot path pays no extra indirection."""
 
     def __init__(self, settings: Settings, transform: Transform, metrics: Metrics,
                  health: Health, limits: OutputLimits, consumer: Consumer,
-                 committer: Guarantee, policy: sm.Policy) -> None:
+                 committer: Guarantee, policy: sm.Policy,
+                 pool: WorkerPool | None = None) -> None:
         self.settings = settings
         self.transform = transform
         self.metrics = metrics
@@ -87,7 +91,13 @@ class Loop(Batch, Positions, Reports, Housekeeping):
         self._next_housekeeping = 0.0
         self._batch = 0  # consume() calls so far
         self._assigning_since: float | None = None
-        self._transform_seconds = metrics.transform_seconds.observe
+        self.pool = pool  # TXSTAGE_WORKERS: the transform runs there (Offload)
+        self.inflight_records = 0
+        self._workers_counted = (0, 0, 0.0)
+        # With workers the main process only replays what they yielded: their own
+        # timings are observed instead (Offload._complete).
+        self._transform_seconds = metrics.transform_seconds.observe if pool is None \
+            else _unobserved
         self.fetch_watch = FetchWatch(settings.fetch_stall_s)
         self._fetch_check: tuple[dict[TopicPartitionKey, int], Future[object]] | None = None
         self.describe_requested = False  # set by SIGUSR1: log every partition's state
@@ -101,19 +111,32 @@ class Loop(Batch, Positions, Reports, Housekeeping):
         self.held_bytes = 0  # the bytes every partition holds (Batch._hold)
         # Read at scrape time, so it grows while the loop is stuck between two polls.
         metrics.seconds_since_poll.set_function(lambda: time.monotonic() - self.polled_at)
+        self.watch = Marker()
+        self.overruns = None  # the Stage's, when TXSTAGE_TRANSFORM_TIMEOUT_MS is on
 
     def iterate(self) -> None:
         self.health.beat()
         self._batch += 1
-        messages = self.consumer.consume(self.settings.batch_size, self._poll_timeout_s())
+        pool = self.pool
+        wait_s = self._poll_timeout_s()
+        # Results on their way from the workers: Kafka is only looked at, the wait is
+        # for whichever comes first (serve, below).
+        messages = self.consumer.consume(self.settings.batch_size,
+                                         0 if pool is not None and pool.in_flight else wait_s)
         now = self.polled_at = time.monotonic()
         self.yield_at = now + self.policy.poll_gap_s
         if len(messages) < self.settings.batch_size:
             self.fetch_watch.short_batches += 1  # librdkafka's queue ran dry
         self.raise_recorded()
         self.settle(now)
-        if messages:
-            self.process(messages, now)
+        if pool is None:
+            if messages:
+                self.process(messages, now)
+        else:
+            if messages:
+                self._submit(messages)
+            pool.serve(0 if messages or not pool.in_flight else wait_s)
+            self._complete(time.monotonic())
         self.tick(time.monotonic())
 
     def settle(self, now: float) -> None:
@@ -169,6 +192,9 @@ class Loop(Batch, Positions, Reports, Housekeeping):
             state = partition.state
             if partition.batch_records:
                 self._tell_written(partition)
+                state = partition.state
+            if partition.fetched_end is not None:
+                self._tell_end(partition, now)
                 state = partition.state
             if state.due(now, policy):
                 self._warn_near_timeout(partition, now)
@@ -250,7 +276,7 @@ class Loop(Batch, Positions, Reports, Housekeeping):
             case sm.DrainHeld():
                 self._drain(partition)
             case sm.DropHeld():
-                self._take_held(partition)
+                self._discard(partition)
             case sm.LookupTopic(topic):
                 self._lookup_topic(partition, topic)
             case sm.Fail(error):
@@ -312,7 +338,7 @@ class Loop(Batch, Positions, Reports, Housekeeping):
                 self.jobs.wait(partition, deadline)
             if completion is not None and completion[0] is not None:
                 self._abandoned(partition, completion[0])  # type: ignore[arg-type]
-            self._take_held(partition)
+            self._discard(partition)
             del self.partitions[partition.key]
             with contextlib.suppress(KeyError):
                 self.metrics.consumer_lag.remove(partition.topic, str(partition.partition))
@@ -337,10 +363,11 @@ class Loop(Batch, Positions, Reports, Housekeeping):
         topic, number = msg.topic(), msg.partition()
         if error.code() == KafkaError._PARTITION_EOF:
             # The fetcher reached the end: past commit markers and aborted records,
-            # which take offsets but are never delivered (the lag gauge's end).
+            # which take offsets but are never delivered (committed, and the lag
+            # gauge's end).
             partition = self.partitions.get((topic, number))  # type: ignore[arg-type]
             if partition is not None:
-                partition.fetched_end = (partition.position, msg.offset())  # type: ignore[assignment]
+                self._fetched_to_end(partition, msg.offset())  # type: ignore[arg-type]
             return
         if error.code() in DENIALS:  # a missing ACL never heals by itself
             raise DeniedError(Where("consume", topic=topic, partition=number), error)
@@ -351,3 +378,7 @@ class Loop(Batch, Positions, Reports, Housekeeping):
 
 def _held_since(partition: Partition) -> float:
     return partition.held_since
+
+
+def _unobserved(seconds: float) -> None:
+    pass

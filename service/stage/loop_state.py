@@ -20,7 +20,10 @@ from service.stage import machine as sm
 from service.stage.fetch_watch import FetchWatch
 from service.stage.guarantees.guarantee import Guarantee
 from service.stage.jobs import Jobs
+from service.stage.overruns import OverrunBook
 from service.stage.partition import Partition, TopicPartitionKey
+from service.stage.transform_watch import Marker
+from service.stage.workers import WorkerPool
 
 
 class LoopState:
@@ -53,6 +56,11 @@ class LoopState:
     polled_at: float
     yield_at: float
     held_bytes: int
+    inflight_records: int
+    pool: WorkerPool | None
+    _workers_counted: tuple[int, int, float]  # restarts, time-outs, busy seconds reported
+    watch: Marker                  # the record being transformed (TransformWatch reads it)
+    overruns: OverrunBook | None   # transform calls that overran (None: no time-out)
 
     # Calls between parts: each is defined by the part named beside it.
     def dispatch(self, partition: Partition, event: sm.Event) -> None:  # loop
@@ -70,6 +78,18 @@ class LoopState:
 
     def process(self, messages: Iterable[Message], now: float,  # batch
                 saved: dict[int, list[Output]] | None = None) -> None:
+        raise NotImplementedError
+
+    def _stale(self, partition: Partition, offset: int) -> bool:  # batch
+        raise NotImplementedError
+
+    def _limit(self, partition: Partition, records: int) -> None:  # batch
+        raise NotImplementedError
+
+    def _unlimit(self, partition: Partition, records: int) -> None:  # batch
+        raise NotImplementedError
+
+    def _discard(self, partition: Partition) -> None:  # offload
         raise NotImplementedError
 
     def _check_first(self, partition: Partition, offset: int) -> bool:  # positions

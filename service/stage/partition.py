@@ -3,6 +3,7 @@ a commit or a lookup runs, and the background work in flight for it."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 
 from confluent_kafka import Message, TopicPartition
@@ -18,6 +19,7 @@ class Partition:
 
     __slots__ = (
         "_state",
+        "assigned_at",
         "batch_first",
         "batch_first_ts",
         "batch_last_ts",
@@ -25,11 +27,15 @@ class Partition:
         "batch_records",
         "batch_since",
         "check_first",
+        "epoch",
         "fetched_end",
         "flowing",
         "held",
         "held_bytes",
         "held_since",
+        "inflight",
+        "inflight_bytes",
+        "inflight_next",
         "job",
         "key",
         "phase_since",
@@ -49,6 +55,7 @@ class Partition:
 
     def __init__(self, topic: str, partition: int) -> None:
         self.key: TopicPartitionKey = (topic, partition)
+        self.assigned_at = time.monotonic()  # a read of the overruns after it is current
         self.tp = TopicPartition(topic, partition)
         self._state = PartitionState(Phase.INITIALISING)
         self.flowing = False              # state.flowing, kept as the state changes
@@ -58,6 +65,11 @@ class Partition:
         self.held: list[Message] = []
         self.held_bytes = 0
         self.held_since = 0.0             # when held became non-empty: oldest drains first
+        # TXSTAGE_WORKERS: bytes of its records out in worker processes, and the epoch
+        # their results must still match (a seek, an abort or a release bumps it).
+        self.inflight = self.inflight_bytes = 0  # records, bytes
+        self.inflight_next = -1           # the offset after the last record sent out
+        self.epoch = 0
         # offset -> what the transform yielded, for held records it already ran on
         # (an output topic was being looked up): they are not transformed again.
         self.saved: dict[int, list[Output]] = {}

@@ -27,6 +27,7 @@ from service.stage.partition import Partition
 log = structlog.get_logger(__name__)
 
 _LOOKUP_RETRY_S = 0.2
+_READING = (sm.Phase.ACTIVE, sm.Phase.COMMITTING)  # records are processed or held
 _STABLE_READ_S = 5.0
 
 
@@ -59,7 +60,7 @@ class Positions(LoopState):
         compaction, retention)."""
         if offset < 0 and partition.started_at is not None:
             offset = partition.started_at  # nothing committed yet: where it started
-        self._take_held(partition)  # fetched before the seek: read again after it
+        self._discard(partition)  # fetched before the seek: read again after it
         partition.position = max(offset, 0)
         partition.seek_to = partition.sought = offset
         partition.fetched_end = None
@@ -165,6 +166,44 @@ class Positions(LoopState):
         partition.refresh_flowing()
         return True
 
+    def _fetched_to_end(self, partition: Partition, end: int) -> None:
+        """The fetcher reached the partition's end at ``end`` (PARTITION_EOF): past
+        commit markers and aborted records, which take offsets that are never
+        delivered. Kept with the offset the records fetched before it lead to (the
+        last one out in workers, else held, else the position): once they are
+        processed the partition has read up to ``end`` (``Partition.read_to``). An end
+        from before a seek says nothing of the records after it; the first one after a
+        seek is checked like a record (``_check_first``: beyond the sought offset,
+        sought once more). Nor while records are dropped to be read again (a waiting
+        phase, a backoff)."""
+        state = partition.state
+        if partition.seek_to is not None or partition.seek_batch == self._batch \
+                or partition.releasing or state.phase not in _READING \
+                or (state.pauses and sm.Pause.BACKOFF in state.pauses):
+            return
+        held = partition.held
+        fetched = held[-1].offset() + 1 if held else partition.position  # type: ignore[operator]
+        if partition.inflight:  # out in workers: after every record held
+            fetched = partition.inflight_next
+        if end < fetched:
+            return
+        if partition.check_first and not held and end > fetched:
+            if not self._check_first(partition, end):
+                return
+            fetched = partition.position  # (latest, nothing committed: it starts here)
+        partition.fetched_end = (fetched, end)
+
+    def _tell_end(self, partition: Partition, now: float) -> None:
+        """A partition idle at an end past its last processed record: the state
+        machine moves what it commits there (ReachedEnd)."""
+        end = partition.fetched_end
+        if end is None or end[0] != partition.position or partition.held or partition.inflight:
+            return
+        state = partition.state
+        txn = state.txn
+        if end[1] > (txn.next if txn is not None else state.committed):
+            self.dispatch(partition, sm.ReachedEnd(end[0], end[1], now))
+
     def _lookup_position(self, partition: Partition, after_commit: bool = False) -> Job:
         """The offset committed in Kafka. Asked with RequireStable, so a transaction
         still holding offsets for the partition settles first. This runs only after
@@ -180,6 +219,7 @@ class Positions(LoopState):
         topic, number = partition.key
         deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000 + 30
         cluster, group = self.limits.cluster, self.settings.group_id
+        overruns, assigned_at = self.overruns, partition.assigned_at
 
         def job() -> sm.Event:
             stable = True
@@ -187,7 +227,9 @@ class Positions(LoopState):
                 try:
                     offset = cluster.committed_offset(group, topic, number, require_stable=stable,
                                                       timeout_s=_STABLE_READ_S)
-                    return sm.Positioned(offset, time.monotonic())
+                    # A transform call an earlier owner saw overrun (stage/transform_watch.py).
+                    overrun = overruns.entry(topic, number, assigned_at) if overruns else None
+                    return sm.Positioned(offset, time.monotonic(), overrun)
                 except KafkaOperationError as error:
                     pending = isinstance(error, RetriableError) or \
                         error.code == KafkaError.UNSTABLE_OFFSET_COMMIT

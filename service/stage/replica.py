@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -10,8 +11,9 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from service.contract.records import Transform
 from service.errors import FatalError, Where
+from service.exit_codes import ExitCode
 from service.kafka.cluster import OutputLimits
-from service.kafka.config import consumer_config
+from service.kafka.config import admin_config, consumer_config, producer_config
 from service.kafka.errors import translated
 from service.observability.health import Health
 from service.observability.logs import error_cb, librdkafka_logger
@@ -20,8 +22,12 @@ from service.settings import Settings
 from service.stage.guarantees.choice import for_settings
 from service.stage.loop import Loop
 from service.stage.machine import Policy
+from service.stage.overruns import OverrunBook
 from service.stage.rebalance import RebalanceListener
 from service.stage.shutdown import Watchdog
+from service.stage.transform_watch import TransformWatch, overran
+from service.stage.transform_watch import timeout_ms as transform_timeout_ms
+from service.stage.workers import WorkerPool
 
 log = structlog.get_logger(__name__)
 _LOG_CLIENT_ERROR = error_cb("consumer")
@@ -42,7 +48,8 @@ class Stage:
     """One replica: a consumer, a committer, the loop and the listener, wired."""
 
     def __init__(self, settings: Settings, transform: Transform, metrics: Metrics,
-                 health: Health, limits: OutputLimits, *, session_timeout_s: float) -> None:
+                 health: Health, limits: OutputLimits, *, session_timeout_s: float,
+                 pool: WorkerPool | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
         self.health = health
@@ -77,11 +84,29 @@ class Stage:
             commits_deferred=traits.commits_deferred,
         )
         self.loop = Loop(settings, transform, metrics, health, limits, self.consumer, committer,
-                         policy)
+                         policy, pool)
+        if pool is not None:
+            health.workers_alive = lambda: pool.alive
         # A revoke waits this long for commits in flight (the group waits with it).
         self.listener = RebalanceListener(self.loop, metrics, health,
                                           release_s=min(settings.shutdown_timeout_s, 10.0))
         self.watchdog = Watchdog(self._leave_group)
+        self.transform_watch = self._watch_transform(settings)
+
+    def _watch_transform(self, settings: Settings) -> TransformWatch | None:
+        """TXSTAGE_TRANSFORM_TIMEOUT_MS: a call past it is recorded for the next owner
+        and the replica leaves (stage/transform_watch.py)."""
+        timeout = transform_timeout_ms(settings)
+        if not timeout or settings.workers:  # workers: the pool kills the worker instead
+            return None
+        book = OverrunBook(settings.id_prefix, admin_config(settings),
+                           producer_config(settings, None))
+        self.loop.overruns = book
+        exit_code = ExitCode.TRANSFORM_TIMED_OUT
+        on_overrun = functools.partial(
+            overran, book=book, timeout=timeout, metrics=self.metrics, health=self.health,
+            leave_and_exit=lambda: self.watchdog.leave_and_exit(exit_code))
+        return TransformWatch(self.loop.watch, timeout / 1000, on_overrun)
 
     def run(self) -> None:
         """Process until ``stop()``; then commit what is open and leave the group."""
@@ -92,6 +117,8 @@ class Stage:
         log.info("stage.started", topics=list(self.settings.input_topics),
                  guarantee=self.settings.guarantee, group_id=self.settings.group_id,
                  group_protocol=self.settings.group_protocol)
+        if self.transform_watch is not None:
+            self.transform_watch.start()
         try:
             while not self.stopping:
                 self.loop.iterate()
@@ -129,8 +156,12 @@ class Stage:
             self._leave_group()
             self.committer.shutdown(max(deadline - time.monotonic(), 0.0))
             loop.jobs.shutdown()
+            if loop.pool is not None:
+                loop.pool.shutdown()
             self.health.joined(False)
             self.watchdog.disarm()
+            if self.transform_watch is not None:
+                self.transform_watch.stop()
         log.info("stage.stopped")
 
     def _leave_group(self) -> None:

@@ -10,8 +10,10 @@ process. Whatever was still open is aborted by the next owner's init_transaction
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 import structlog
 
@@ -39,10 +41,17 @@ class Watchdog:
     def _expire(self, budget: float, exit_code: int) -> None:
         log.error("stage.shutdown_budget_exceeded", budget_s=round(budget, 3),
                   left_group=self.left.is_set(), exit_code=exit_code)
+        self.leave_and_exit(exit_code)
+
+    def leave_and_exit(self, exit_code: int) -> NoReturn:
+        """From any thread but the loop's, which may be stuck: leave the group if nobody
+        has (bounded: the partitions move at once, not a session time-out later), exit."""
         if not self.left.is_set():
             leaving = threading.Thread(target=self._leave_quietly, daemon=True)
             leaving.start()
             leaving.join(_LEAVE_GROUP_S)
+        sys.stdout.flush()  # the last log lines, before an exit that flushes nothing
+        sys.stderr.flush()
         os._exit(exit_code)
 
     def _leave_quietly(self) -> None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from confluent_kafka.admin._acl import AclBinding, AclOperation, AclPermissionType
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
+from service.stage.overruns import overruns_topic
+
 
 @dataclass(frozen=True, slots=True)
 class Grant:
@@ -47,16 +49,22 @@ _RESOURCE_TYPES = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP,
 
 def stage_grants(*, input_topics: Sequence[str], group_id: str, output_topic: str,
                  dlq_topic: str = "", transactional_id_prefix: str = "",
-                 exactly_once: bool = True) -> list[Grant]:
+                 exactly_once: bool = True, transform_timeout: bool = True) -> list[Grant]:
     """Everything a replica needs, nothing more. The transactional ids are
     ``<prefix>.<topic>.<partition>``, one PREFIXED ACL on ``<prefix>.`` covers them all;
-    ``<prefix>`` is TXSTAGE_TRANSACTIONAL_ID_PREFIX, else the group id."""
+    ``<prefix>`` is TXSTAGE_TRANSACTIONAL_ID_PREFIX, else the group id. With the
+    transform time-out on (TXSTAGE_TRANSFORM_TIMEOUT_MS, in-process): READ, WRITE and
+    CREATE on ``<prefix>.txstage.overruns``, which the first overrun creates and every
+    positioning reads (service/stage/overruns.py)."""
+    prefix = transactional_id_prefix or group_id
     grants = [Grant("READ", "topic", topic) for topic in input_topics]
     grants.append(Grant("READ", "group", group_id))
     grants += [Grant("WRITE", "topic", topic) for topic in (output_topic, dlq_topic) if topic]
     if exactly_once:
-        grants.append(Grant("WRITE", "transactional-id",
-                            f"{transactional_id_prefix or group_id}.", prefixed=True))
+        grants.append(Grant("WRITE", "transactional-id", f"{prefix}.", prefixed=True))
+    if transform_timeout:
+        grants += [Grant(op, "topic", overruns_topic(prefix))
+                   for op in ("READ", "WRITE", "CREATE")]
     return grants
 
 

@@ -1,7 +1,8 @@
 """A chaos campaign against real brokers: ``make chaos CHAOS_ARGS="--seed 7 ..."``.
 
 ``python -m tests.chaos.campaign --seed S --duration SECONDS --nodes 1|3
---guarantee exactly_once|at_least_once --group-protocol classic|consumer --replicas N``
+--guarantee exactly_once|at_least_once --group-protocol classic|consumer --replicas N
+--workers N``
 
 1. Start a private cluster whose client listeners sit behind the fault proxy
    (tests/harness/proxy.py); replicas of the stage talk through it, the feeder and
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException, Producer
 
+from service.exit_codes import ExitCode
 from service.kafka.reading import HangingTransactionError
 from service.local_kafka.cluster import KafkaCluster
 from service.local_kafka.readiness import wait_ready
@@ -48,13 +50,16 @@ from tests.chaos.faults import LIBRARY, Later
 from tests.harness.admin import create_topic
 from tests.harness.proxy import FaultProxy
 from tests.harness.stage import Replica
-from tests.harness.transforms import chaos
+from tests.harness.transforms import chaos_expected
 
 PARTITIONS = 8
 KEYS = 64
 SESSION_TIMEOUT_S = 6.0        # classic: the replicas' setting; consumer: the test broker's
 TRANSACTION_TIMEOUT_S = 10.0
 MAX_POLL_INTERVAL_S = 15.0
+# Between the transaction time-out and the poll interval: a stall past the first still
+# meets the coordinator's abort, one past the second is an overrun (exit 5, in-process).
+TRANSFORM_TIMEOUT_S = 12.0
 Say = Callable[[str], None]
 
 
@@ -129,8 +134,11 @@ class World:
                                                           self.exits):
                 continue
             expected = self.expected_exits.get(proc.pid)
+            overran = proc.returncode == ExitCode.TRANSFORM_TIMED_OUT and expected is None
             self.exits.append((replica.name, proc.pid, proc.returncode,
-                               proc.returncode in (0, expected)))
+                               proc.returncode in (0, expected) or overran))
+            if overran:  # a transform call past its time-out: restarted, as by its orchestrator
+                self.later(1, f"restart {replica.name}", lambda r=replica: self.restart(r))
 
 
 @dataclass
@@ -183,18 +191,20 @@ class Outcome:
 def run_campaign(*, seed: int, duration_s: float, nodes: int, guarantee: str,
                  group_protocol: str, replicas: int, interval_s: float, rate: int,
                  drain_timeout_s: float, faults: list[str] | None = None,
-                 say: Say = print) -> Outcome:
+                 workers: int = 0, say: Say = print) -> Outcome:
     names = sorted(faults or LIBRARY)
     outcome = Outcome(seed)
     log_dir = Path(tempfile.mkdtemp(prefix=f"txstage-chaos-{seed}-"))
     say(f"chaos seed={seed} duration={duration_s:.0f}s nodes={nodes} guarantee={guarantee} "
-        f"protocol={group_protocol} replicas={replicas} faults={','.join(names)}; logs {log_dir}")
+        f"protocol={group_protocol} replicas={replicas} workers={workers} "
+        f"faults={','.join(names)}; logs {log_dir}")
     with KafkaCluster(nodes, proxied=True) as cluster:
         proxy = FaultProxy(cluster.proxy_routes).start()
         world: World | None = None
         try:
             wait_ready(cluster.bootstrap, broker_ids=set(cluster.node_ids), timeout=60)
-            world, topics = _set_up(cluster, proxy, log_dir, guarantee, group_protocol, replicas)
+            world, topics = _set_up(cluster, proxy, log_dir, guarantee, group_protocol, replicas,
+                                    workers)
             feeder = Feeder(cluster.direct_bootstrap, topics.input, rate)
             feeding = threading.Thread(target=feeder.run, daemon=True)
             feeding.start()
@@ -235,7 +245,7 @@ class Topics:
 
 
 def _set_up(cluster: KafkaCluster, proxy: FaultProxy, log_dir: Path, guarantee: str,
-            group_protocol: str, replicas: int) -> tuple[World, Topics]:
+            group_protocol: str, replicas: int, workers: int = 0) -> tuple[World, Topics]:
     run_id = uuid.uuid4().hex[:6]
     direct = cluster.direct_bootstrap
     topics = Topics(create_topic(direct, f"chaos-in-{run_id}", partitions=PARTITIONS),
@@ -250,9 +260,13 @@ def _set_up(cluster: KafkaCluster, proxy: FaultProxy, log_dir: Path, guarantee: 
         "TXSTAGE_LOG_FORMAT": "json", "TXSTAGE_GROUP_PROTOCOL": group_protocol,
         "TXSTAGE_TRANSACTION_TIMEOUT_MS": str(int(TRANSACTION_TIMEOUT_S * 1000)),
         "TXSTAGE_CONSUMER__MAX_POLL_INTERVAL_MS": str(int(MAX_POLL_INTERVAL_S * 1000)),
+        "TXSTAGE_TRANSFORM_TIMEOUT_MS": str(int(TRANSFORM_TIMEOUT_S * 1000)),
+        "TXSTAGE_MAX_RECORD_ATTEMPTS": "2",
         "TEST_STALL_FILE": str(log_dir / "stall"),
         "TEST_SLOW_FILE": str(log_dir / "slow"),
     }
+    if workers:
+        env["TXSTAGE_WORKERS"] = str(workers)
     if group_protocol == "classic":
         env |= {"TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS": str(int(SESSION_TIMEOUT_S * 1000)),
                 "TXSTAGE_CONSUMER__HEARTBEAT_INTERVAL_MS": "500"}
@@ -392,7 +406,8 @@ def _check_outputs(outcome: Outcome, bootstrap: str, topics: Topics, guarantee: 
     try:
         report = verify(bootstrap, input_topics=[topics.input],
                         output_topics=[topics.output, topics.dlq], group_id=topics.group,
-                        transform=chaos, default_topic=topics.output, dlq_topic=topics.dlq,
+                        transform=chaos_expected, default_topic=topics.output,
+                        dlq_topic=topics.dlq,
                         timeout_s=120)
     except HangingTransactionError as exc:
         outcome.checks["no hanging transaction"] = False
@@ -424,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-timeout", type=float, default=180.0)
     parser.add_argument("--faults", default="", help="comma-separated subset of: "
                         + ",".join(sorted(LIBRARY)))
+    parser.add_argument("--workers", type=int, default=0,
+                        help="TXSTAGE_WORKERS of every replica (0: the transform in-process)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     chosen = [f for f in args.faults.split(",") if f] or None
@@ -434,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
                            guarantee=args.guarantee, group_protocol=args.group_protocol,
                            replicas=args.replicas, interval_s=args.interval, rate=args.rate,
                            drain_timeout_s=args.drain_timeout, faults=chosen,
+                           workers=args.workers,
                            say=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps({"seed": outcome.seed, "ok": outcome.ok, "faults": outcome.faults,

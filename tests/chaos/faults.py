@@ -9,6 +9,8 @@ seed replays the same campaign.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import signal
 import time
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 from confluent_kafka import Producer
 
 from tests.harness.proxy import Api
+from tests.harness.transforms import HANG
 
 if TYPE_CHECKING:
     from tests.chaos.campaign import World
@@ -195,6 +198,42 @@ def poison_near_limit(world: World, rng: random.Random) -> str | None:
     return f"a {size:,}-byte poison record"
 
 
+def transform_hang(world: World, rng: random.Random) -> str | None:
+    """A record whose transform never returns: in-process each replica that reaches it
+    exits 5 after TXSTAGE_TRANSFORM_TIMEOUT_MS (restarted, as an orchestrator would);
+    with workers its worker is killed. After the attempts it is dead-lettered."""
+    producer = Producer({"bootstrap.servers": world.cluster.direct_bootstrap,
+                         "enable.idempotence": True})
+    producer.produce(world.env["TXSTAGE_INPUT_TOPICS"], HANG, b"hang")
+    if producer.flush(30) != 0:
+        return None
+    return "a record whose transform never returns"
+
+
+def worker_kill(world: World, rng: random.Random) -> str | None:
+    """SIGKILL one transform worker process of a replica (TXSTAGE_WORKERS only)."""
+    replica = world.pick_replica(rng) if world.env.get("TXSTAGE_WORKERS") else None
+    if replica is None or replica.proc is None:
+        return None
+    workers = worker_pids(replica.proc.pid)
+    if not workers:
+        return None
+    victim = rng.choice(workers)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(victim, signal.SIGKILL)
+    return f"SIGKILL worker {victim} of replica {replica.name}"
+
+
+def worker_pids(pid: int) -> list[int]:
+    """A replica's transform worker processes (children started by multiprocessing)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return [int(child) for child in children
+                if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()]
+    except OSError:
+        return []
+
+
 LIBRARY: dict[str, Fault] = {
     "replica_sigkill": replica_sigkill,
     "replica_sigterm": replica_sigterm,
@@ -209,6 +248,8 @@ LIBRARY: dict[str, Fault] = {
     "transform_stall": transform_stall,
     "transform_slow_phase": transform_slow_phase,
     "poison_near_limit": poison_near_limit,
+    "transform_hang": transform_hang,
+    "worker_kill": worker_kill,
 }
 
 

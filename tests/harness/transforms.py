@@ -203,6 +203,7 @@ def chaos(record: Record) -> Iterator[Output]:
 
     - every 997th offset sleeps 20 ms (slow records);
     - a value that is a multiple of 1009 raises: dead-lettered;
+    - the value ``hang`` sleeps an hour: a call that never returns (``chaos_expected``);
     - while the file ``TEST_STALL_FILE`` exists, the first record to see it removes it
       and sleeps the seconds written in it (a stall past a time-out, injected by the
       campaign at a moment of its choosing);
@@ -222,9 +223,22 @@ def chaos(record: Record) -> Iterator[Output]:
         except (OSError, ValueError):
             seconds = 0.0  # another replica took it first
         time.sleep(seconds)
+    if record.value == HANG:
+        time.sleep(3600)  # a call that never returns (the campaign's transform_hang)
     if record.value is not None and record.value.isdigit() and int(record.value) % 1009 == 0:
         raise ValueError(f"chaos: {int(record.value)} is a multiple of 1009")
     yield from square(record)
+
+
+HANG = b"hang"
+
+
+def chaos_expected(record: Record) -> Iterator[Output]:
+    """What the stage must write for ``chaos``: the same, but a record that hangs is
+    dead-lettered (after its overruns), which the verifier reads as a failure here."""
+    if record.value == HANG:
+        raise TimeoutError("the transform never returned")
+    yield from chaos(record)
 
 
 _slow_phase: list[float] = [0.0, 0.0, 0.0]  # checked at (monotonic), ms, until (epoch)
@@ -293,3 +307,50 @@ def square_and_rare_side(record: Record) -> Iterator[Output]:
     yield from square(record)
     if record.offset == 150:
         yield Output(value=record.value, key=record.key, topic=f"{record.topic}-rare")
+
+
+def hangs_at(record: Record) -> Iterator[Output]:
+    """Square, but at offset ``TEST_HANG_AT`` of partition ``TEST_HANG_PARTITION`` (default
+    0) sleep an hour, on every attempt: a call that never returns (a wedged client, a
+    deadlock). Expected output: square_unless_hung."""
+    if record.partition == int(os.environ.get("TEST_HANG_PARTITION", "0")) and \
+            record.offset == int(os.environ.get("TEST_HANG_AT", "30")):
+        time.sleep(3600)
+    yield from square(record)
+
+
+def exits_at(record: Record) -> Iterator[Output]:
+    """Square, but at offset ``TEST_EXIT_AT`` of partition ``TEST_EXIT_PARTITION`` (default
+    0) end the process at once, on every attempt (a crash in native code, an OOM kill):
+    only ever run with TXSTAGE_WORKERS. Expected output: square_unless_exits."""
+    if record.partition == int(os.environ.get("TEST_EXIT_PARTITION", "0")) and \
+            record.offset == int(os.environ.get("TEST_EXIT_AT", "30")):
+        os._exit(70)
+    yield from square(record)
+
+
+def slow_head(record: Record) -> Iterator[Output]:
+    """Square; offset 0 of partition 0 takes ``TEST_HEAD_S`` seconds (default 5), every
+    other record ``TEST_DELAY_MS`` (default 0)."""
+    if record.partition == 0 and record.offset == 0:
+        time.sleep(float(os.environ.get("TEST_HEAD_S", "5")))
+    delay_ms = float(os.environ.get("TEST_DELAY_MS", "0"))
+    if delay_ms:
+        time.sleep(delay_ms / 1000)
+    yield from square(record)
+
+
+def fanout_with_faults(record: Record) -> Iterator[Output]:
+    """Several outputs a record, one to ``TEST_SIDE_TOPIC``; a multiple of 7 raises after
+    yielding its first output; a multiple of 11 yields an output of ``TEST_BIG_BYTES``
+    (near or past the output topic's limit); a multiple of 13 yields a str value."""
+    n = int(record.value or b"0")
+    yield Output(value=str(n * n).encode(), key=record.key)
+    if n % 7 == 0:
+        raise ValueError(f"{n} is a multiple of 7")
+    yield Output(value=f"side {n}".encode(), key=record.key, topic=os.environ["TEST_SIDE_TOPIC"],
+                 headers=(("n", str(n).encode()),))
+    if n % 11 == 0:
+        yield Output(value=b"x" * int(os.environ.get("TEST_BIG_BYTES", "1048000")))
+    if n % 13 == 0:
+        yield Output(value=str(n))  # type: ignore[arg-type]

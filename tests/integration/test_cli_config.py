@@ -7,6 +7,7 @@ Takes ≈ 44 s (2 cores; make test, 2026-11-28)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -93,12 +94,30 @@ def test_an_input_larger_than_the_dead_letter_topic_holds_is_a_warning(
     assert "config warning" not in result.stderr, result.stderr
 
 
+def test_a_second_replica_on_a_taken_metrics_port_exits_2_in_one_line(
+        stage: StageSetup) -> None:
+    # It died with a 26-line OSError traceback and exit 1, after the cluster checks.
+    with socket.socket() as first:  # the first replica's metrics port
+        first.bind(("0.0.0.0", 0))
+        first.listen()
+        port = first.getsockname()[1]
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("TXSTAGE_")}
+        result = subprocess.run([sys.executable, "-m", "service", "run"], cwd=REPO_ROOT,
+                                env={**clean, **stage.env, "TXSTAGE_METRICS_PORT": str(port)},
+                                capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr
+    assert (result.stdout, len(result.stderr.splitlines())) == ("", 1), result.stderr
+    assert result.stderr.startswith(f"txstage: config error: TXSTAGE_METRICS_PORT={port}: "
+                                    f"cannot serve /metrics on 0.0.0.0:{port}: "), result.stderr
+
+
 def test_missing_required_settings_are_listed_one_per_line() -> None:
     result = txstage("run", {"TXSTAGE_GROUP_ID": "g"})
     assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    for name in ("BOOTSTRAP_SERVERS", "INPUT_TOPICS", "OUTPUT_TOPIC", "TRANSFORM"):
-        assert any(f"TXSTAGE_{name}" in line for line in lines), lines
+    # One line each, and nothing else: no conflict between two missing topics.
+    assert result.stderr.splitlines() == [
+        f"txstage: config error: TXSTAGE_{name}: Field required"
+        for name in ("BOOTSTRAP_SERVERS", "INPUT_TOPICS", "OUTPUT_TOPIC", "TRANSFORM")]
 
 
 def test_poison_record_without_dlq_fails_after_bounded_retries(stage: StageSetup) -> None:

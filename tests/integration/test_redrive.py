@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from tests.harness.kafka import KafkaService
 from tests.harness.operator_tools import tool, violations
@@ -188,3 +189,42 @@ def test_a_letter_that_can_never_succeed_is_parked_and_stops_growing_the_dlq(
     code, audit, err = tool(setup, "audit", "--stuck-after", "1", env=BUGGY)
     assert code == 0 and violations(audit) == {}, (err, audit)
     assert audit["letters_parked"] == 100, audit  # read, and accounted for
+
+
+def _topics(bootstrap: str) -> set[str]:
+    return set(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).topics)
+
+
+def test_redriving_the_parking_topic_parks_in_place_and_the_audit_says_where(
+        lettered: StageSetup) -> None:
+    """Redriving ``<dlq>.parked`` as the docs say re-parked every letter that failed again
+    into a new ``<dlq>.parked.parked`` (each round nesting another) that the audit never
+    read. Parking is one place: a parked letter that fails again stays where it is."""
+    setup = lettered
+    parking = f"{setup.dlq_topic}.parked"
+    code, first, err = tool(setup, "redrive", "--max-attempts", "1", env=BUGGY)
+    assert code == 0 and first["parked"] == 100, (err, first)
+    held = _written(setup, parking)
+
+    as_dlq = {"TXSTAGE_DLQ_TOPIC": parking}
+    for _ in range(2):  # the cause not fixed: nothing moves, however often
+        code, again, err = tool(setup, "redrive", "--max-attempts", "1", env={**BUGGY, **as_dlq})
+        assert code == 0, err
+        assert (again["letters"], again["left_parked"], again["parked"],
+                again["failed_again"], again["parking_topic"]) == (100, 100, 0, 0, parking), again
+    assert f"{parking}.parked" not in _topics(setup.bootstrap)
+    assert _written(setup, parking) == held, "redriving the parking topic grew it"
+
+    code, audit, err = tool(setup, "audit", "--stuck-after", "1", env=BUGGY)
+    assert code == 0 and violations(audit) == {}, (err, audit)
+    assert (audit["letters_parked"], audit["parked_in"]) == (100, {parking: 100}), audit
+
+    # The cause fixed but for multiples of 49: those 15 stay parked, in place.
+    code, fixed, err = tool(setup, "redrive", env={**FIXED, **as_dlq})
+    assert code == 0, err
+    assert (fixed["redriven"], fixed["left_parked"], fixed["parked"]) == (85, 15, 0), fixed
+    assert f"{parking}.parked" not in _topics(setup.bootstrap)
+    code, audit, err = tool(setup, "audit", "--stuck-after", "1", env=FIXED)
+    assert code == 0 and violations(audit) == {}, (err, audit)
+    assert (audit["letters_parked"], audit["parked_in"]) == (15, {parking: 15}), audit
+    assert audit["letters_pending"] == 0 and audit["expected_outputs"] == RECORDS, audit

@@ -13,18 +13,21 @@ def test_the_stage_needs_read_on_inputs_and_group_write_on_outputs_and_its_id_pr
                           dlq_topic="dlq", transactional_id_prefix="orders")
     assert [str(g) for g in grants] == [
         "READ on topic `a`", "READ on topic `b`", "READ on group `g`", "WRITE on topic `out`",
-        "WRITE on topic `dlq`", "WRITE on transactional-id prefix `orders.`"]
+        "WRITE on topic `dlq`", "WRITE on transactional-id prefix `orders.`",
+        "READ on topic `orders.txstage.overruns`", "WRITE on topic `orders.txstage.overruns`",
+        "CREATE on topic `orders.txstage.overruns`"]
 
 
 def test_at_least_once_without_a_dlq_needs_no_transactional_id_and_no_dlq() -> None:
     grants = stage_grants(input_topics=["a"], group_id="g", output_topic="out",
-                          exactly_once=False)
+                          exactly_once=False, transform_timeout=False)
     assert [str(g) for g in grants] == ["READ on topic `a`", "READ on group `g`",
                                         "WRITE on topic `out`"]
 
 
 def test_the_transactional_id_grant_is_one_prefixed_binding_and_one_command() -> None:
-    grant = stage_grants(input_topics=["a"], group_id="g", output_topic="out")[-1]
+    grant = stage_grants(input_topics=["a"], group_id="g", output_topic="out",
+                         transform_timeout=False)[-1]
     binding = grant.binding("User:stage")
     assert (binding.restype, binding.name, binding.resource_pattern_type, binding.operation) == (
         ResourceType.TRANSACTIONAL_ID, "g.", ResourcePatternType.PREFIXED, AclOperation.WRITE)

@@ -144,3 +144,58 @@ def test_a_letter_of_an_output_to_a_missing_topic_stands_for_it_and_is_not_pendi
                                          max_bytes=unlimited))
     report = audit(("dlq", 0, letter), ("new", 0, output), transform=to_a_new_topic)
     assert report.ok and report.letters_pending == 0, report.to_json()
+
+
+def test_the_report_says_why_the_records_read_are_not_the_expected_outputs() -> None:
+    # A write-time letter, then its redriven output: one output expected, two records
+    # read, a clean audit. The summary said only "expected outputs 1" and "2 outputs".
+    [letter] = refused_by_the_broker(INPUT).outputs
+    redriven = read(letter, 0)
+    [output] = _marked(redriven, process(copy, redriven.original, default_topic="out",
+                                         dlq_topic="dlq", max_bytes=unlimited))
+    report = audit(("dlq", 0, letter), ("out", 0, output))
+    report.inputs, report.outputs_read, report.seconds = 1, 2, 1.0
+    assert report.ok and report.expected_outputs == 1, report.to_json()
+    lines = report.summary().splitlines()
+    assert lines[0].startswith("audited 1 inputs in 0 partition(s) and 2 records of the "
+                               "output, dead-letter and parking topics in 1.0 s"), lines[0]
+    assert "the transform ran on every input, so its speed bounds this" in lines[0]
+    assert lines[1].startswith("expected outputs 1: what the transform makes of the inputs "
+                               "now, a dead letter for each it fails on."), lines[1]
+    for counted in ("dead letters standing for outputs", "the letters beside redriven "
+                    "outputs", "parked letters"):
+        assert counted in lines[1], lines[1]
+
+
+def broken(record: Record) -> list[Output]:
+    raise ValueError("still broken")
+
+
+def test_a_parked_letter_is_counted_once_per_input_and_named_by_the_topic_holding_it() -> None:
+    """Parked letters are accounted for wherever they are read: counted per input (its
+    latest letter), with the topic that holds it; an input redriven since is not."""
+    [letter] = process(broken, INPUT, default_topic="out", dlq_topic="dlq",
+                       max_bytes=unlimited).outputs
+    first = read(letter, 0)
+    [parked] = _marked(first, process(broken, first.original, default_topic="out",
+                                      dlq_topic="dlq.parked", max_bytes=unlimited),
+                       parked=True)
+    run = _Audit({}, broken, "out", "dlq", "test.audit", 1.0, AuditReport())
+    run.letter_topics.add("dlq.parked")
+    run.ledgers = {("in", 0): PartitionLedger(0, 1)}
+    run._input(Message("in", 0, 0, INPUT))
+    run._output(Message("dlq", 0, 0, letter))
+    run._output(Message("dlq.parked", 0, 0, parked))
+    run.judge()
+    report = run.report
+    assert report.ok, report.to_json()
+    assert (report.letters_parked, report.parked_in) == (1, {"dlq.parked": 1})
+    assert "parked by redrive (accounted for): 1 (1 in dlq.parked)" in report.summary()
+
+    # The cause fixed, the parking topic redriven: its outputs stand, nothing is parked.
+    again = parse("dlq.parked", 0, 0, 1000, parked.key, parked.value, parked.headers)
+    assert again is not None and again.parked
+    [output] = _marked(again, process(copy, again.original, default_topic="out",
+                                      dlq_topic="dlq.parked", max_bytes=unlimited))
+    report = audit(("dlq", 0, letter), ("out", 0, output))
+    assert report.ok and report.letters_parked == 0, report.to_json()

@@ -21,6 +21,7 @@ from service.backfill.slice_writer import (
     SliceTask,
     SliceWriter,
 )
+from service.contract.deadletter import DROPPED
 from service.contract.processing import Produced, process
 from service.errors import AbortableError, Failure, FencedError, PoisonRecordError, Where
 from service.examples.square import square
@@ -254,6 +255,24 @@ def test_a_record_whose_outputs_the_broker_refuses_is_dead_lettered_the_rest_com
     last = producer.progress()[-1]
     assert last["done"] is True and last["records_in"] == 25 and last["dead_lettered"] == 2
     assert writer.outcome.aborts >= 2
+
+
+def test_a_refused_records_letter_is_built_to_fit_the_dead_letter_topic() -> None:
+    # As the stream's (service.stage.batch): the writer's letter for a record whose
+    # outputs the broker refused left nothing out whatever its size, so a record near
+    # the topic's limit made a letter the producer refused too, and failed the job.
+    producer = FakeProducer()
+    producer.refuse = {104}
+    task = SliceTask(PIECE, TASK.job_id, TASK.transactional_id, TASK.progress_topic,
+                     transaction_records=10, transaction_ms=60_000)
+    writer = SliceWriter(task, producer, lambda: None,  # type: ignore[arg-type]
+                         lambda record: process(lambda r: [Output(r.value)], record,
+                                                default_topic="out", dlq_topic="dlq",
+                                                max_bytes=lambda _: 1 << 20),
+                         dlq_topic="dlq", max_bytes=lambda _: 4_000)
+    writer.run(lambda _start: records(100, 110, value=lambda i: b"v" * 5_000))
+    [letter] = [o for o in producer.committed if o.topic == "dlq"]
+    assert letter.value is None and dict(letter.headers)[DROPPED] == b"value=5000"
 
 
 def test_a_refused_record_without_dlq_commits_what_came_before_then_fails() -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -25,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_exit_codes_keep_their_numbers() -> None:
     assert {code.name: int(code) for code in ExitCode} == {
-        "OK": 0, "FAILED": 1, "CONFIG": 2, "POISON": 3, "UNFINISHED": 4}
+        "OK": 0, "FAILED": 1, "CONFIG": 2, "POISON": 3, "UNFINISHED": 4,
+        "TRANSFORM_TIMED_OUT": 5}
     assert (ExitCode.FATAL, ExitCode.VIOLATIONS, ExitCode.DIFFERENT) == (1, 1, 1)
-    assert ExitCode.NOT_RUNNING == 3
+    assert (ExitCode.NOT_RUNNING, ExitCode.UNREACHABLE) == (3, 4)
 
 
 def test_no_other_module_defines_exit_codes() -> None:
@@ -116,3 +119,31 @@ def test_run_and_help_load_no_other_command() -> None:
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                           text=True, check=True, timeout=60)
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert help_of(["--version"], capsys) == f"txstage {metadata.version('txstage')}\n"
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert metadata.version("txstage") == pyproject["project"]["version"]
+
+
+EVERY_HELP = [[], ["run"], ["check-config"], ["audit"], ["redrive"], ["backfill"],
+              ["backfill", "verify"], ["kafka"], ["kafka", "install"], ["kafka", "up"],
+              ["kafka", "status"], ["kafka", "down"], ["topics"]]
+
+
+@pytest.mark.parametrize("argv", EVERY_HELP, ids=lambda argv: " ".join(argv) or "txstage")
+def test_help_is_plain_text(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # Docstrings' reST (``txstage``) read as noise in a terminal.
+    text = help_of([*argv, "--help"], capsys)
+    assert "`" not in text, text
+
+
+def test_each_command_in_the_overview_says_what_it_does(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    overview = help_of(["--help"], capsys)
+    topics = next(line for line in overview.splitlines() if line.strip().startswith("topics "))
+    assert all(action in topics for action in ("create", "produce", "read")), topics
+    check = help_of(["check-config", "--help"], capsys)
+    assert check.split("\n\n")[1].startswith("Check the settings"), check
+    assert "exits 2" in check and "configuration OK" in check, check

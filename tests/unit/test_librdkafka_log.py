@@ -36,6 +36,12 @@ FENCED_FATAL = ("[thrd:main]: Fatal error: Local: This instance has been fenced 
 REBALANCE_TXNERR = ("[thrd:main]: Current transaction failed in state InTransaction: Failed to "
                     "commit offsets to transaction on broker localhost:9092/1: Broker: {text} "
                     "(after 3ms) ({code})")
+# A take-over's init_transactions while the coordinator aborts the last owner's
+# transaction (seen on the local broker: a second producer of one transactional id).
+GETPID_RETRY = ("[thrd:main]: Failed to acquire transactional PID from broker TxnCoordinator/0: "
+                "Broker: {text}: retrying")
+CONCURRENT = ("Producer attempted to update a transaction while another concurrent operation "
+              "on the same transaction was ongoing")
 
 
 class Clock:
@@ -277,3 +283,16 @@ def test_the_count_is_logged_when_the_window_ends_even_if_nothing_else_is_logged
         time.sleep(0.05)
         printed += lines()
     assert [line.get("repeated") for line in printed] == [None, 4]
+
+
+@pytest.mark.parametrize(("text", "level"), [
+    (CONCURRENT, "info"),
+    ("Coordinator load in progress", "info"),
+    ("Not coordinator", "info"),
+    ("Coordinator not available", "info"),
+    ("Transactional Id authorization failed", "warning"),  # not the take-over's
+])
+def test_a_take_overs_producer_id_retry_is_info(lines: Output, text: str, level: str) -> None:
+    rdkafka("producer", logging.WARNING, "GETPID", GETPID_RETRY.format(text=text))
+    [line] = lines()
+    assert line["level"] == level, line

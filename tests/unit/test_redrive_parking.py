@@ -186,6 +186,49 @@ def test_once_fixed_a_parked_letter_is_redriven_from_the_parking_topic() -> None
     assert (report.redriven, report.parked) == (1, 0), report
 
 
+def test_the_parking_topic_of_a_parking_topic_is_itself() -> None:
+    """Redriving ``<dlq>.parked`` re-parked into a new ``<dlq>.parked.parked``, each round
+    nesting another, where the audit did not look. Parking is one place."""
+    assert letters.parking_topic_of("dlq") == "dlq.parked"
+    assert letters.parking_topic_of("dlq.parked") == "dlq.parked"
+    assert run.parking_topic_of("dlq.parked") == "dlq.parked"
+    nested = {"dlq.parked", "dlq.parked.parked"}  # left by redrives before parking in place
+    assert letters.parking_topics("dlq", nested.__contains__) == sorted(nested)
+    assert letters.parking_topics("dlq", set().__contains__) == []
+
+
+def test_a_parked_letter_that_fails_again_stays_where_it_is_and_gets_no_mark() -> None:
+    """Redriving the parking topic while the cause is not fixed writes nothing for the
+    parked letters (no copy anywhere, no progress mark): they stay parked, in place, and
+    the next redrive of the parking topic tries them again. A letter of the parking
+    topic not parked yet parks in that same topic."""
+    parked = letters.parse("dlq.parked", 0, 5, 3000, b"k", b"v", headers_of(3, parked=True))
+    fresh = letters.parse("dlq.parked", 0, 6, 3000, b"k", b"v", headers_of(2))
+    assert parked is not None and fresh is not None
+    producer = RefusingProducer()
+    report = RedriveReport(parking_topic="dlq.parked")
+    writer = _Writer(cast(PinnedProducer, producer), MARKS, still_broken, "out",
+                     "dlq.parked", lambda topic: 1 << 20, report, 10)
+    writer.add(parked)
+    writer.add(fresh)
+    writer.flush()
+
+    [transaction] = producer.committed
+    assert [(out.topic, out.key) for out, _ in transaction] == [
+        ("dlq.parked", b"k"), (MARKS, b"dlq.parked/0/6")], transaction
+    assert dict(transaction[0][0].headers)[PARKED] == b"1"
+    assert (report.left_parked, report.parked, report.failed_again) == (1, 1, 0), report
+    assert "stays parked in dlq.parked" in report.examples[0]
+    assert "1 parked letters failed again: left parked in dlq.parked" in report.summary()
+
+    producer = RefusingProducer()
+    writer = _Writer(cast(PinnedProducer, producer), MARKS, still_broken, "out",
+                     "dlq.parked", lambda topic: 1 << 20, RedriveReport(), 10)
+    writer.add(parked)
+    writer.flush()
+    assert producer.committed == [], "a batch of letters left parked opened a transaction"
+
+
 def test_an_input_read_from_a_parking_topic_keeps_its_marks_as_its_own_headers() -> None:
     """A stage whose input is a parking topic: its letter ends with the stage's suffix;
     the parked marks before it are the original's headers, not this letter's."""
@@ -228,6 +271,23 @@ def test_parking_in_the_dead_letter_topic_itself_exits_2(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--parking-topic", "dlq"]) == 2
     assert "--parking-topic: dlq is the dead-letter topic" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("settings")
+def test_a_parking_topic_redriven_may_name_itself_as_its_parking_topic(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the default is for a DLQ named ``*.parked``, said explicitly, is no error."""
+    monkeypatch.setenv("TXSTAGE_DLQ_TOPIC", "dlq.parked")
+    taken: dict[str, object] = {}
+    monkeypatch.setattr(cli, "redrive", lambda **kwargs: taken.update(kwargs) or
+                        RedriveReport())
+    monkeypatch.setattr(cli, "OutputLimits", lambda *args: type(
+        "L", (), {"lookup": None, "producer_max_bytes": 1_000_000}))
+    monkeypatch.setattr(cli, "Cluster", lambda *args: None)
+    monkeypatch.setattr(cli, "sized_max_bytes", lambda *args: 1_000_000)
+    monkeypatch.setattr(cli, "load_transform", lambda name: copy)
+    assert cli.main(["--parking-topic", "dlq.parked"]) == 0
+    assert taken["parking_topic"] == taken["dlq_topic"] == "dlq.parked"
 
 
 def test_max_attempts_is_3_unless_given_and_at_least_1(

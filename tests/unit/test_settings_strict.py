@@ -142,6 +142,8 @@ def test_empty_bootstrap_servers_are_a_config_error_at_once(value: str) -> None:
     ("kafka:http", "('kafka:http' is not host:port)"),
     ("a:1,b:2,c", "('c' has no port)"),
     ("::1:9092", "('::1:9092' needs brackets around its IPv6 address)"),
+    ("a:9092;b:9092", "('a:9092;b:9092' has a ';': separate brokers with commas)"),
+    ("a:9092,b:9092;", "('b:9092;' has a ';': separate brokers with commas)"),
     ("[::1]", "('[::1]' is not host:port)"),
     ("[no:such:v6]:9092", "('[no:such:v6]:9092' is not host:port)"),
     ("ka$ka:9092", "('ka$ka:9092' is not host:port)"),
@@ -193,6 +195,21 @@ def test_a_bad_value_does_not_hide_settings_that_do_not_go_together() -> None:
         "TXSTAGE_COMMIT_INTERVAL_MS=30000 must be at most a tenth of "
         "TXSTAGE_TRANSACTION_TIMEOUT_MS=60000",
     ]
+
+
+def test_no_settings_at_all_is_one_line_per_missing_setting() -> None:
+    # The missing topics' stand-ins were spelt alike, and "the output topic is one of
+    # the input topics" followed the five lines.
+    assert problems_of({}) == [f"{name}: Field required" for name in (
+        "TXSTAGE_BOOTSTRAP_SERVERS", "TXSTAGE_GROUP_ID", "TXSTAGE_INPUT_TOPICS",
+        "TXSTAGE_OUTPUT_TOPIC", "TXSTAGE_TRANSFORM")]
+
+
+def test_a_topic_conflict_is_not_checked_between_two_missing_topics() -> None:
+    env = {k: v for k, v in BASE.items() if k not in ("TXSTAGE_INPUT_TOPICS",
+                                                      "TXSTAGE_OUTPUT_TOPIC")}
+    assert problems_of(env) == ["TXSTAGE_INPUT_TOPICS: Field required",
+                                "TXSTAGE_OUTPUT_TOPIC: Field required"]
 
 
 @pytest.mark.parametrize(("env", "expected"), [

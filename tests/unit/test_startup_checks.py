@@ -9,7 +9,7 @@ from unittest.mock import MagicMock
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from service.errors import ConfigError, RetriableError, Where
+from service.errors import ConfigError, RetriableError, UnreachableError, Where
 from service.kafka.cluster import Cluster, OutputLimits
 from service.preflight import check_cluster
 from service.settings import load_settings
@@ -85,8 +85,8 @@ def test_start_up_asks_again_through_a_new_client_after_the_cluster_did_not_answ
     assert cluster.renewals == 1
 
 
-def test_start_up_gives_up_with_a_config_error_once_the_wait_is_over() -> None:
-    with pytest.raises(ConfigError, match="cannot query the cluster"):
+def test_start_up_gives_up_once_the_wait_is_over_and_blames_no_setting() -> None:
+    with pytest.raises(UnreachableError, match="cannot query the cluster"):
         check_cluster(SETTINGS, _Flaky(failures=100), wait_s=0)  # type: ignore[arg-type]
 
 

@@ -39,3 +39,15 @@ def test_the_console_script_finds_a_transform_in_the_current_directory(
     monkeypatch.delitem(sys.modules, "mypkg", raising=False)
     monkeypatch.delitem(sys.modules, "mypkg.transforms", raising=False)
     assert callable(load_transform("mypkg.transforms:fn"))
+
+
+@pytest.mark.parametrize(("ref", "hint"), [
+    ("service.examples.square:sqare", "(did you mean service.examples.square:square?)"),
+    ("service.examples.square:Square", "(did you mean service.examples.square:square?)"),
+    # Nothing close: the module's own callables, not what it imported (Record, Output).
+    ("service.examples.square:transform", "(its callables: square)"),
+])
+def test_a_misspelt_function_gets_a_did_you_mean(ref: str, hint: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_transform(ref)
+    assert str(raised.value).endswith(f"has no attribute {ref.partition(':')[2]!r} {hint}")

@@ -157,10 +157,21 @@ class AtLeastOnce:
         return window
 
     def commit(self, key: TopicPartitionKey, txn: Txn, group_metadata: GroupMetadata) -> Event:
-        window = self._open.pop(key, None)
-        if window is not None:
-            window.sealed = True
+        self._seal(key, txn)
         return CommitDone(-1.0, time.monotonic())  # sealed; its offsets commit once delivered
+
+    def _seal(self, key: TopicPartitionKey, txn: Txn | None) -> None:
+        """Seal the open window at ``txn.next``: past the records it holds when the
+        partition read past commit markers after them (state.ReachedEnd). A "commit"
+        of no records has no window: one is made, for those offsets alone."""
+        window = self._open.pop(key, None)
+        if window is None and txn is not None and not txn.records:
+            window = Window(txn.next)
+            self._windows.setdefault(key, deque()).append(window)
+        if window is not None:
+            if txn is not None:
+                window.next = max(window.next, txn.next)
+            window.sealed = True
 
     def abort(self, key: TopicPartitionKey, txn: Txn | None) -> Event:
         """Nothing sent can be recalled: forget the windows; what follows the
@@ -239,7 +250,7 @@ class AtLeastOnce:
         eight revoked partitions while the broker does not answer would take 80 s, in
         which the loop serves nothing and the group's rebalance stands still."""
         if commit:
-            self.commit(key, txn or Txn(0, 0, 0, 0.0), group_metadata)
+            self._seal(key, txn)
             windows = self._windows.get(key, deque())
             if any(window.in_flight for window in windows):  # (the producer is shared)
                 wait = _FLUSH_ON_RELEASE_S if deadline is None else min(

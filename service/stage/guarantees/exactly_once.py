@@ -144,7 +144,9 @@ class ExactlyOnce:
         return producer
 
     def commit(self, key: TopicPartitionKey, txn: Txn, group_metadata: GroupMetadata) -> Job:
-        producer = self._producers[key]
+        # Begun here when nothing was written: offsets only, past the commit markers
+        # after records committed before (state.ReachedEnd).
+        producer = self._in_transaction(key)
         taken = _taken(group_metadata)
 
         def job() -> Event:
@@ -177,6 +179,8 @@ class ExactlyOnce:
 
         def job() -> None:
             try:
+                if commit and txn is not None and not producer.in_transaction:
+                    _begin_offsets_only(producer)
                 if producer.in_transaction:
                     self._finish(producer, txn, commit, reason, taken)
             finally:
@@ -264,6 +268,16 @@ def _close(producer: PinnedProducer | None) -> None:
         producer.close()
     except Exception as exc:  # closing must not stop the others from closing
         log.warning("producer.close_failed", transactional_id=producer.transactional_id,
+                    error=str(exc))
+
+
+def _begin_offsets_only(producer: PinnedProducer) -> None:
+    """A transaction for offsets only (state.ReachedEnd); if it cannot begin, the end
+    past the markers is left for the next owner to commit."""
+    try:
+        producer.begin()
+    except KafkaOperationError as exc:
+        log.warning("transaction.begin_failed", transactional_id=producer.transactional_id,
                     error=str(exc))
 
 

@@ -10,6 +10,7 @@ from service.errors import (
     KafkaOperationError,
     PoisonRecordError,
 )
+from service.stage.machine.phases import Overrun
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +38,12 @@ class InitFailed:
 
 @dataclass(frozen=True, slots=True)
 class Positioned:
-    """The offset committed in Kafka (read_committed: RequireStable); < 0 when none."""
+    """The offset committed in Kafka (read_committed: RequireStable); < 0 when none;
+    and the overrun an earlier owner recorded for the partition, if any."""
 
     offset: int
     now: float
+    overrun: Overrun | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +142,18 @@ class CallStuck:
 
 
 @dataclass(frozen=True, slots=True)
+class ReachedEnd:
+    """Every record before ``at`` was processed and the fetcher reported the end of
+    the partition at ``end`` > ``at``: the offsets between are commit markers or
+    aborted records, never delivered. Committing ``end`` (not ``at``) lets the group's
+    lag reach 0 on a transactional input."""
+
+    at: int
+    end: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
 class Released:
     """Revoked (``lost=False``), lost, or the replica stops (``reason``)."""
 
@@ -151,4 +166,4 @@ class Released:
 Event = (Wrote | InitDone | InitFailed | Positioned | PositionFailed | CommitDue | CommitDone
          | CommitFailed | ProduceFailed | DeliveryFailed | AbortDone | AbortFailed | Poisoned
          | BacklogFull | BacklogDrained | TopicUnknown | TopicResolved | Tick | CallStuck
-         | Released)
+         | ReachedEnd | Released)

@@ -27,6 +27,7 @@ from service.stage.machine.events import (
     CommitDue,
     InitDone,
     Positioned,
+    ReachedEnd,
     Released,
     Tick,
     TopicResolved,
@@ -43,6 +44,9 @@ def wrote(state: PartitionState, event: Wrote, policy: Policy) -> Step:
     if txn is None:
         txn = Txn(event.first, event.next, event.records, event.now, event.first_ts_ms,
                   event.last_ts_ms)
+    elif not txn.records:  # opened by ReachedEnd: its first records
+        txn = replace(txn, next=event.next, records=event.records,
+                      first_ts_ms=event.first_ts_ms, last_ts_ms=event.last_ts_ms)
     else:
         txn = replace(txn, next=event.next, records=txn.records + event.records,
                       last_ts_ms=event.last_ts_ms)
@@ -72,9 +76,12 @@ def positioned(state: PartitionState, event: Positioned, policy: Policy) -> Step
     pauses = state.pauses
     if state.resume_at is not None and event.now < state.resume_at:
         pauses = pauses | {Pause.BACKOFF}
+    overrun = event.overrun  # one below the committed offset is settled: stale
+    if overrun is not None and offset > overrun.offset:
+        overrun = None
     return replace(state, phase=Phase.ACTIVE, txn=None, isolation=isolation, refused=refused,
                    name_until=name_until, suspects=suspects, pauses=pauses, failures=(),
-                   abort_error=None), [Seek(offset)]
+                   abort_error=None, overrun=overrun, committed=offset), [Seek(offset)]
 
 
 def commit_due(state: PartitionState, event: CommitDue, policy: Policy) -> Step:
@@ -96,10 +103,14 @@ def commit_done(state: PartitionState, event: CommitDone, policy: Policy) -> Ste
     if name_until is not None and txn.next >= name_until:
         name_until = None  # every record below it was written named
     poison = state.poison_offset
+    overrun = state.overrun  # past it: flowing again (a rewind's Positioned brings it back)
+    if overrun is not None and txn.next > overrun.offset:
+        overrun = None
     # Refused offsets stay until Kafka's committed offset passes them (Positioned):
     # an at-least-once "commit" only seals a window, and a rewind may go back before it.
     committed = replace(
-        state, txn=None, abort_streak=0, isolation=isolation, name_until=name_until,
+        state, txn=None, committed=txn.next, abort_streak=0, isolation=isolation,
+        name_until=name_until, overrun=overrun,
         poison_offset=None if poison is not None and txn.next > poison else poison,
         poison_attempts=0 if poison is not None and txn.next > poison else state.poison_attempts)
     report = Committed(txn, event.seconds)
@@ -111,6 +122,25 @@ def commit_done(state: PartitionState, event: CommitDone, policy: Policy) -> Ste
     # (BacklogDrained): resumed here, a partition fetched a batch each commit while its
     # drain processed a few records, and held its whole lag.
     return replace(committed, phase=Phase.ACTIVE), [report, DrainHeld()]
+
+
+def reached_end(state: PartitionState, event: ReachedEnd, policy: Policy) -> Step:
+    """The partition read past its last record to ``event.end`` (commit markers,
+    aborted records): the open transaction commits that end instead of its last
+    record + 1; with none open and everything up to ``at`` committed, an offsets-only
+    transaction opens, committed when due like any other (records that arrive first
+    join it). Never past a record that was not processed: only from ``at``, the
+    offset the open transaction (or the last commit) ends at."""
+    txn = state.txn
+    if state.phase is not Phase.ACTIVE or state.pauses or event.end <= event.at:
+        return ignored(state)
+    if txn is not None:
+        if txn.next != event.at:
+            return ignored(state)
+        return replace(state, txn=replace(txn, next=event.end)), []
+    if state.committed != event.at:
+        return ignored(state)
+    return replace(state, txn=Txn(event.at, event.end, 0, event.now)), []
 
 
 def backlog_full(state: PartitionState, event: BacklogFull, policy: Policy) -> Step:

@@ -64,6 +64,16 @@ class Isolation:
 
 
 @dataclass(frozen=True, slots=True)
+class Overrun:
+    """A transform call on the record at ``offset`` ran past the time-out (``timeout_ms``)
+    ``count`` times, as an earlier owner recorded it (stage/transform_watch.py)."""
+
+    offset: int
+    count: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """The settings transitions depend on."""
 
@@ -114,6 +124,10 @@ class PartitionState:
     fenced_at: float | None = None
     reposition_after_commit: bool = False   # a poison retry: resume from Kafka after the commit
     commit_uncertain: bool = False          # a commit timed out: it may have succeeded
+    overrun: Overrun | None = None          # a record whose transform call overran, ahead
+    # The input offset last committed (at-least-once: sealed) or found committed (< 0:
+    # none): a partition idle at its end commits the end past the markers after it.
+    committed: int = -1
 
     @property
     def pause_reasons(self) -> frozenset[Pause]:
@@ -136,7 +150,7 @@ class PartitionState:
         """Records are processed as they come, with nothing to check per record:
         the loop's fast path (evaluated once per state change, not per record)."""
         return self.phase is Phase.ACTIVE and not self.pauses and self.isolation is None \
-            and not self.refused and self.name_until is None
+            and not self.refused and self.name_until is None and self.overrun is None
 
     @property
     def ready(self) -> bool:

@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extra-output-topic", action="append", default=[], metavar="TOPIC",
                    help="an output topic written by other means; the topics the transform "
                         "writes are learned by running it (repeatable)")
+    p.add_argument("--parking-topic", metavar="TOPIC",
+                   help="where txstage redrive parks letters, if not the DLQ's name + .parked "
+                        "(as redrive's --parking-topic); parked letters are counted, by topic")
     p.add_argument("--stuck-after", type=_positive, default=15.0, metavar="SECONDS",
                    help="a last stable offset below the high watermark this long is a "
                         "hanging transaction (default 15)")
@@ -93,6 +96,6 @@ def _audit(args: argparse.Namespace) -> int:
                    transform=transform, default_topic=settings.output_topic,
                    dlq_topic=settings.dlq_topic or None, start=start,
                    stuck_after_s=args.stuck_after, timeout_s=args.timeout,
-                   max_examples=args.max_examples)
+                   max_examples=args.max_examples, parking_topic=args.parking_topic)
     print(report.to_json() if args.json else report.summary())
     return ExitCode.OK if report.ok else ExitCode.VIOLATIONS

@@ -20,6 +20,8 @@ not exist) stands for them: it is not pending, and the outputs redrive writes on
 cause is fixed replace it the same way. Outputs *and* a letter without that mark are a
 duplicate. Letters of one input, of either kind, differ by their redrive attempt (the
 stage writes attempt 0, the n-th redrive n); two of the same attempt are a duplicate.
+An input whose latest letter is parked (``txstage.redrive.parked``) and that has no
+redriven outputs is *parked*: accounted for, and where (the letter's topic) is kept.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class PartitionLedger:
         self._must_letter: set[int] = set()  # the transform fails on it now
         self._letters: dict[int, set[int]] = {}  # dead letters seen (either kind): attempts
         self._redriven: set[int] = set()  # outputs written by txstage redrive
+        self._parked: dict[int, tuple[int, str]] = {}  # parked letters: attempt, topic
 
     def __contains__(self, offset: int) -> bool:
         return self.start <= offset < self.end
@@ -85,17 +88,20 @@ class PartitionLedger:
         """The transform fails on the input at ``offset``: it must be dead-lettered."""
         self._must_letter.add(offset - self.start)
 
-    def letter(self, offset: int, attempt: int, *,
-               replaces_outputs: bool = False) -> Finding | None:
+    def letter(self, offset: int, attempt: int, *, replaces_outputs: bool = False,
+               parked_in: str | None = None) -> Finding | None:
         """A dead letter of the input at ``offset`` was read (``attempt``: 0 from the
         stage, n from the n-th redrive). ``replaces_outputs``: it was written instead of
         outputs at write time (the broker refused one, one was too large, or its topic
-        did not exist), which the transform alone cannot foresee: it stands for them."""
+        did not exist), which the transform alone cannot foresee: it stands for them.
+        ``parked_in``: the letter is a parked one, read in that topic."""
         i = offset - self.start
         attempts = self._letters.setdefault(i, set())
         if attempt in attempts:
             return Finding.DUPLICATE
         attempts.add(attempt)
+        if parked_in is not None and attempt >= self._parked.get(i, (-1, ""))[0]:
+            self._parked[i] = (attempt, parked_in)
         if replaces_outputs:
             self._replaced.add(i)
         return None
@@ -120,6 +126,13 @@ class PartitionLedger:
             return Finding.UNEXPECTED
         self.got[i] ^= output_digest
         return None
+
+    def parked(self) -> Iterator[tuple[int, str]]:
+        """(input offset, topic) of each input whose latest letter is parked and that
+        redrive has not since written outputs for."""
+        for i, (attempt, topic) in self._parked.items():
+            if i not in self._redriven and attempt == max(self._letters[i]):
+                yield self.start + i, topic
 
     def _expected(self, i: int) -> int:
         count = self.expected[i]

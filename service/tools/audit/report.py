@@ -30,7 +30,8 @@ class AuditReport:
     outputs_read: int = 0
     outputs_ahead: int = 0  # of inputs past the committed offsets (or before the window)
     letters_pending: int = 0  # dead-lettered, the transform now succeeds, not redriven
-    letters_parked: int = 0  # in the parking topic: failed --max-attempts redrives
+    letters_parked: int = 0  # inputs whose letter is parked: failed --max-attempts redrives
+    parked_in: dict[str, int] = field(default_factory=dict)  # parking topic → inputs
     learned_topics: list[str] = field(default_factory=list)  # written by the transform
     read_to: dict[str, str] = field(default_factory=dict)  # output partition → how far, why
     notes: list[str] = field(default_factory=list)  # what was left out, and why
@@ -61,6 +62,7 @@ class AuditReport:
             "inputs": self.inputs, "expected_outputs": self.expected_outputs,
             "outputs_read": self.outputs_read, "outputs_ahead": self.outputs_ahead,
             "letters_pending": self.letters_pending, "letters_parked": self.letters_parked,
+            "parked_in": self.parked_in,
             "learned_topics": self.learned_topics, "read_to": self.read_to,
             "notes": self.notes,
             "seconds": round(self.seconds, 3), "records_per_second": round(self.rate),
@@ -73,13 +75,21 @@ class AuditReport:
 
     def summary(self) -> str:
         lines = [f"audited {self.inputs} inputs in {len(self.windows)} partition(s) and "
-                 f"{self.outputs_read} outputs in {self.seconds:.1f} s "
-                 f"({self.rate:,.0f} records/s)",
-                 f"expected outputs {self.expected_outputs}; outputs of inputs outside the "
-                 f"window (newer than the committed offsets): {self.outputs_ahead}",
+                 f"{self.outputs_read} records of the output, dead-letter and parking topics "
+                 f"in {self.seconds:.1f} s ({self.rate:,.0f} records/s; the transform ran "
+                 f"on every input, so its speed bounds this)",
+                 f"expected outputs {self.expected_outputs}: what the transform makes of the "
+                 f"inputs now, a dead letter for each it fails on. The records read also "
+                 f"count dead letters standing for outputs (refused at write time, or not "
+                 f"redriven yet), the letters beside redriven outputs, and parked letters: "
+                 f"the two counts differ while such letters exist",
+                 f"outputs of inputs outside the window (newer than the committed offsets): "
+                 f"{self.outputs_ahead}",
                  f"dead letters the transform now handles, not redriven yet: "
                  f"{self.letters_pending}; parked by redrive (accounted for): "
-                 f"{self.letters_parked}"]
+                 f"{self.letters_parked}" + (" ({})".format(", ".join(
+                     f"{count} in {topic}" for topic, count in sorted(self.parked_in.items())))
+                     if self.parked_in else "")]
         if self.learned_topics:
             lines.append(f"topics the transform writes, audited too: "
                          f"{', '.join(self.learned_topics)}")

@@ -26,6 +26,7 @@ from confluent_kafka import IsolationLevel, Message
 from service.backfill.specs import Bound, Earliest, Offsets, Timestamp
 from service.contract import lineage
 from service.contract.deadletter import ERROR_CLASS
+from service.contract.letters import PARKED, parking_topics
 from service.contract.processing import OutputRefusedError, OutputTooLargeError, process
 from service.contract.records import Transform
 from service.errors import ConfigError, PoisonRecordError
@@ -35,13 +36,12 @@ from service.kafka.messages import to_record
 from service.kafka.reading import EARLIEST, LATEST, Partition
 from service.tools.audit.ledger import Finding, PartitionLedger, digest
 from service.tools.audit.report import AuditReport
-from service.tools.redrive.run import parking_topic_of
 
 # Dead letters the stage writes *instead of* outputs at write time (the broker refused
 # one, one is larger than its topic accepts, or its topic does not exist: the last two
 # come from the stage's topic limits, which the audit does not ask): the transform alone
 # cannot foresee them.
-_WRITE_TIME = {error.__qualname__.encode()
+WRITE_TIME = {error.__qualname__.encode()
                for error in (OutputRefusedError, OutputTooLargeError, UnknownTopicError)}
 
 
@@ -52,7 +52,10 @@ def _unlimited(topic: str) -> int:
 def audit(*, config: Mapping[str, Any], group_id: str, input_topics: list[str],
           output_topics: list[str], transform: Transform, default_topic: str,
           dlq_topic: str | None, start: Bound | None = None, stuck_after_s: float = 15.0,
-          timeout_s: float = 300.0, max_examples: int = 10) -> AuditReport:
+          timeout_s: float = 300.0, max_examples: int = 10,
+          parking_topic: str | None = None) -> AuditReport:
+    """``parking_topic``: where redrive parks (its ``--parking-topic``), None for the
+    DLQ's own (letters.parking_topic_of)."""
     began = time.monotonic()
     run = _Audit(config, transform, default_topic, dlq_topic, f"{group_id}.audit", timeout_s,
                  AuditReport(max_examples=max_examples))
@@ -70,8 +73,8 @@ def audit(*, config: Mapping[str, Any], group_id: str, input_topics: list[str],
     learned = sorted(run.topics - set(output_topics) - set(input_topics))
     run.report.learned_topics = list(learned)
     more = [key for topic in learned for key in _partitions_if_any(config, topic)]
-    if run.parking_topic is not None:  # letters redrive parked stand for their inputs too
-        more += _parked_partitions(config, run.parking_topic, run.report)
+    if dlq_topic:  # letters redrive parked stand for their inputs too
+        more += _parked_partitions(config, run, dlq_topic, parking_topic)
     if more:
         outputs += more
         watched += more
@@ -96,16 +99,28 @@ def _partitions_if_any(config: Mapping[str, Any], topic: str) -> list[Partition]
         return []
 
 
-def _parked_partitions(config: Mapping[str, Any], topic: str,
-                       report: AuditReport) -> list[Partition]:
-    """The parking topic's partitions, if it exists and may be read. It is optional: a
-    parked letter's input is accounted for by its earlier letters in the DLQ too, so
-    without READ on it the audit goes on and says so."""
-    try:
-        return _partitions_if_any(config, topic)
-    except PermissionError:
-        report.notes.append(f"parked letters not counted: no READ on topic `{topic}`")
-        return []
+def _parked_partitions(config: Mapping[str, Any], run: _Audit, dlq_topic: str,
+                       chosen: str | None) -> list[Partition]:
+    """The partitions of every parking topic of the DLQ that exists and may be read:
+    ``chosen`` (redrive's --parking-topic) or ``<dlq>.parked``, and any ``.parked.parked``
+    left by redrives of a parking topic before parking was kept in one place. Each is
+    optional: a parked letter's input is accounted for by its earlier letters in the DLQ
+    too, so without READ on one the audit goes on and says so."""
+    found: dict[str, list[Partition]] = {}
+
+    def exists(topic: str) -> bool:
+        try:
+            found[topic] = _partitions_if_any(config, topic)
+        except PermissionError:
+            run.report.notes.append(f"parked letters not counted: no READ on topic `{topic}`")
+            found[topic] = []
+        return bool(found[topic])
+
+    topics = parking_topics(dlq_topic, exists)
+    if chosen and chosen not in (*topics, dlq_topic) and exists(chosen):
+        topics.append(chosen)
+    run.letter_topics.update(topics)
+    return [key for topic in topics for key in found[topic]]
 
 
 def _read_to(report: AuditReport, outputs: list[Partition], ends: dict[Partition, int],
@@ -128,8 +143,8 @@ class _Audit:
         self.config, self.transform, self.reader, self.timeout_s = (config, transform, reader,
                                                                      timeout_s)
         self.default_topic, self.dlq_topic, self.report = default_topic, dlq_topic, report
-        self.parking_topic = parking_topic_of(dlq_topic) if dlq_topic else None
-        self.letter_topics = {dlq_topic, self.parking_topic} - {None}
+        # The DLQ, and the parking topics found (_parked_partitions).
+        self.letter_topics: set[str] = {dlq_topic} if dlq_topic else set()
         self.ledgers: dict[Partition, PartitionLedger] = {}
         self.last: dict[tuple[str, int, str, int], int] = {}
         self.topics: set[str] = set()  # every topic the transform wrote to
@@ -187,11 +202,11 @@ class _Audit:
             report.outputs_ahead += 1
             return
         error_class = marks.get(ERROR_CLASS) if msg.topic() in self.letter_topics else None
-        if error_class is not None and msg.topic() == self.parking_topic:
-            report.letters_parked += 1
         if error_class is not None:
+            # Parked wherever it is read: redrive appends the mark last (letters.parse).
+            parked = str(msg.topic()) if headers[-1][0] == PARKED else None
             found = ledger.letter(tag.offset, int(attempt or 0),
-                                  replaces_outputs=error_class in _WRITE_TIME)
+                                  replaces_outputs=error_class in WRITE_TIME, parked_in=parked)
         else:
             found = ledger.see(tag.offset, tag.idx,
                                digest(tag.idx, str(msg.topic()), msg.key(), msg.value()),
@@ -201,6 +216,10 @@ class _Audit:
                                     f"output {tag.idx} at {where}")
 
     def judge(self) -> None:
+        for ledger in self.ledgers.values():
+            for _, where in ledger.parked():
+                self.report.letters_parked += 1
+                self.report.parked_in[where] = self.report.parked_in.get(where, 0) + 1
         for (topic, partition), ledger in self.ledgers.items():
             for finding, offset in ledger.findings():
                 if finding is Finding.PENDING:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from service.arguments import Parser
 from service.backfill.specs import Timestamp, parse_bound
+from service.contract.letters import parking_topic_of
 from service.contract.loading import load_transform
 from service.errors import ConfigError
 from service.exit_codes import ExitCode
@@ -23,7 +24,7 @@ from service.preflight import sized_max_bytes
 from service.settings import Settings
 from service.tools.common import run_tool, tool_settings
 from service.tools.redrive.letters import Filter
-from service.tools.redrive.run import MAX_ATTEMPTS, parking_topic_of, redrive, transactional_id
+from service.tools.redrive.run import MAX_ATTEMPTS, redrive, transactional_id
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"redrives stop growing the DLQ (default {MAX_ATTEMPTS})")
     p.add_argument("--parking-topic", metavar="TOPIC",
                    help="where parked letters go (default: the DLQ's name + .parked, "
-                        "created if missing)")
+                        "created if missing; a DLQ named *.parked parks in itself). A "
+                        "parked letter that fails again stays where it is")
     p.add_argument("--batch", type=int, default=500, metavar="N",
                    help="letters per transaction (default 500)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS")
@@ -106,7 +108,9 @@ def handle(args: argparse.Namespace) -> int:
 def _redrive(args: argparse.Namespace) -> int:
     settings = _settings()
     parking = args.parking_topic or parking_topic_of(settings.dlq_topic)
-    if parking == settings.dlq_topic:  # parking there would grow the DLQ again
+    # Parking in the DLQ itself would grow it again, unless it is a parking topic: then
+    # that is where its letters park (no nesting).
+    if parking == settings.dlq_topic != parking_topic_of(settings.dlq_topic):
         raise ConfigError(f"--parking-topic: {parking} is the dead-letter topic")
     letter_filter = Filter(
         error_classes=frozenset(args.error_class) if args.error_class else None,

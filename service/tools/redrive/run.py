@@ -19,6 +19,12 @@ A letter that fails again goes back to the DLQ with its attempt + 1, unless that
 ``max_attempts``: then it goes to the parking topic (``<dlq topic>.parked``), in the same
 transaction as its progress mark. The DLQ is read to its end on every run, so letters
 that can never succeed would otherwise come back, one more each, on every scheduled run.
+
+Parking is one place. A letter already parked (``txstage.redrive.parked``, read when the
+parking topic is redriven) that fails again is left where it is: nothing is written for
+it and it gets no progress mark, so the next redrive of the parking topic tries it again
+and the topic does not grow. The parking topic of a parking topic is itself
+(letters.parking_topic_of): no ``<dlq>.parked.parked``.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any, cast
 from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient
 
-from service.contract.letters import ATTEMPT, PARKED, REDRIVEN, Letter, parse
+from service.contract.letters import ATTEMPT, PARKED, REDRIVEN, Letter, parking_topic_of, parse
 from service.contract.processing import OutputRefusedError, Produced, Result, process, refused
 from service.contract.records import Transform
 from service.errors import AbortableError, DeniedError
@@ -58,6 +64,8 @@ class RedriveReport:
     outputs: int = 0
     failed_again: int = 0  # dead-lettered again, attempt + 1
     parked: int = 0  # failed again at attempt max_attempts: to the parking topic instead
+    left_parked: int = 0  # parked letters that failed again: left where they are
+    parking_topic: str = ""  # where parked letters are
     max_attempts: int = MAX_ATTEMPTS
     transactions: int = 0
     seconds: float = 0.0
@@ -66,7 +74,7 @@ class RedriveReport:
 
     @property
     def rate(self) -> float:
-        handled = self.redriven + self.failed_again + self.parked
+        handled = self.redriven + self.failed_again + self.parked + self.left_parked
         return handled / self.seconds if self.seconds else 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -85,16 +93,15 @@ class RedriveReport:
                  f"{self.failed_again} again and {'would park' if self.dry_run else 'parked'} "
                  f"{self.parked} (failed {self.max_attempts} times), in {self.seconds:.1f} s "
                  f"({self.rate:,.0f} letters/s, {self.transactions} transactions)"]
+        if self.left_parked:
+            lines.append(f"{self.left_parked} parked letters failed again: left parked in "
+                         f"{self.parking_topic or 'the parking topic'}")
         lines += [f"  e.g. {example}" for example in self.examples]
         return "\n".join(lines)
 
 
 def progress_topic(prefix: str) -> str:
     return f"{prefix}.redrive.progress"
-
-
-def parking_topic_of(dlq_topic: str) -> str:
-    return f"{dlq_topic}.parked"
 
 
 def transactional_id(prefix: str, dlq_topic: str) -> str:
@@ -113,10 +120,10 @@ def redrive(*, producer_config: Mapping[str, Any], admin_config: Mapping[str, An
     with ``transactional_id(prefix, dlq_topic)``; that id is set here either way).
     ``parking_topic``: None for ``parking_topic_of(dlq_topic)``."""
     began = time.monotonic()
-    report = RedriveReport(dry_run=dry_run, max_attempts=max_attempts)
+    parking = parking_topic or parking_topic_of(dlq_topic)
+    report = RedriveReport(dry_run=dry_run, max_attempts=max_attempts, parking_topic=parking)
     producer = None
     marks = progress_topic(prefix)
-    parking = parking_topic or parking_topic_of(dlq_topic)
     dlq = reading.partitions(admin_config, [dlq_topic])
     if not dry_run:
         _ensure_topic(admin_config, marks, partitions=1, config={"cleanup.policy": "compact"})
@@ -185,6 +192,13 @@ class _Writer:
         """Whether ``letter`` goes to the parking topic if it fails again."""
         return letter.attempt + 1 >= self.max_attempts
 
+    @staticmethod
+    def stays(letter: Letter, result: Result) -> bool:
+        """A parked letter that fails again stays where it is: nothing is written for
+        it, no progress mark (parking is one place; the next redrive of the parking
+        topic tries it again)."""
+        return letter.parked and result.dead_lettered
+
     def _letters_to(self, letter: Letter) -> str:
         return self.parking_topic if self.parks(letter) else self.dlq_topic
 
@@ -213,7 +227,10 @@ class _Writer:
         for letter, result in self.pending:
             if result.dead_lettered:
                 outcome = f"fails again: {type(result.error).__qualname__}: {result.error}"
-                if self.parks(letter):
+                if self.stays(letter, result):
+                    self.report.left_parked += 1
+                    outcome += f"; stays parked in {letter.topic}"
+                elif self.parks(letter):
                     self.report.parked += 1
                     outcome += f"; parked in {self.parking_topic} (attempt {letter.attempt + 1})"
                 else:
@@ -235,8 +252,12 @@ class _Writer:
         its offset, which is unique only within its DLQ partition (a refusal of
         ``dlq/0/5``'s output would re-dead-letter ``dlq/1/5`` too)."""
         for attempt in range(_ATTEMPTS):
+            if all(self.stays(letter, result) for letter, result in self.pending):
+                return  # nothing to write
             producer.begin()
             for index, (letter, result) in enumerate(self.pending):
+                if self.stays(letter, result):
+                    continue
                 parked = result.dead_lettered and self.parks(letter)
                 producer.produce_all(_marked(letter, result, parked=parked), index)
                 mark = {"outputs": 0 if result.dead_lettered else len(result.outputs),
