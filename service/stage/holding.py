@@ -98,9 +98,9 @@ class Holding(LoopState):
         """Process what the partition holds (before anything fetched later), as far as
         the poll-gap bound allows; the rest stays held, in order. Once below the
         limits, an active partition fetches again."""
-        if partition.releasing or not partition.held:
+        if partition.releasing:
             return
-        if time.monotonic() < self.yield_at:
+        if partition.held and time.monotonic() < self.yield_at:
             held, saved = self._take_held(partition)
             self.process(held, time.monotonic(), saved)
         self._unlimit(partition, len(partition.held))

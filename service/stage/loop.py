@@ -64,6 +64,7 @@ _STARTUP_PHASES = (sm.Phase.INITIALISING, sm.Phase.POSITIONING)
 # Calls stuck in librdkafka past every deadline (CallStuck) each keep a job thread:
 # past this many the replica fails, so that its orchestrator starts a fresh process.
 _MAX_STUCK_CALLS = 4
+_BUSY_POLL_S = 0.005  # consume()'s wait while a commit runs or records are held
 
 
 class Loop(Batch, Offload, Positions, Reports, Housekeeping):
@@ -117,7 +118,7 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
         self.health.beat()
         self._batch += 1
         pool = self.pool
-        wait_s = self.settings.poll_timeout_ms / 1000
+        wait_s = self._poll_timeout_s()
         # Results on their way from the workers: Kafka is only looked at, the wait is
         # for whichever comes first (serve, below).
         messages = self.consumer.consume(self.settings.batch_size,
@@ -166,11 +167,23 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
                         self.dispatch(partition, sm.TopicResolved(topic))
         # Records handed back at the poll-gap bound (or left by a drain it cut short),
         # the longest held first, before anything consumed since: as far as the bound
-        # allows, the rest waits for the next iteration.
+        # allows, the rest waits for the next iteration. One paused for the replica's
+        # limit with nothing left of its own is checked too, to fetch again.
         waiting = [p for p in self.partitions.values()
-                   if p.held and not p.state.holding and p.state.phase is sm.Phase.ACTIVE]
+                   if (p.held or sm.Pause.BACKLOG in p.state.pauses)
+                   and not p.state.holding and p.state.phase is sm.Phase.ACTIVE]
         for partition in sorted(waiting, key=_held_since):
             self._drain(partition)
+
+    def _poll_timeout_s(self) -> float:
+        """How long consume() may wait for records: TXSTAGE_POLL_TIMEOUT_MS, but only a
+        moment while a commit runs or records are held. A partition that is committing
+        or paused for its held records fetches nothing, so a full wait idled the loop
+        after each commit: one lagging partition committed at half its transform's pace."""
+        if self.held_bytes or any(p.state.phase is sm.Phase.COMMITTING
+                                   for p in self.partitions.values()):
+            return _BUSY_POLL_S
+        return self.settings.poll_timeout_ms / 1000
 
     def tick(self, now: float) -> None:
         policy = self.policy

@@ -45,6 +45,15 @@ def slow_square(record: Record) -> Iterator[Output]:
     yield from square(record)
 
 
+def slow_until(record: Record) -> Iterator[Output]:
+    """Square, taking ``TEST_DELAY_MS`` per record until the epoch second
+    ``TEST_SLOW_UNTIL`` (set when the replica starts), then at full speed: a lag worked
+    through slowly for a while, without a test that waits for all of it that slowly."""
+    if time.time() < float(os.environ.get("TEST_SLOW_UNTIL", "0")):
+        time.sleep(int(os.environ.get("TEST_DELAY_MS", "2")) / 1000)
+    yield from square(record)
+
+
 def stuck_after(record: Record) -> Iterator[Output]:
     """Square until offset ``TEST_STUCK_AT``, then block forever (a wedged transform)."""
     if record.offset >= int(os.environ.get("TEST_STUCK_AT", "10")):

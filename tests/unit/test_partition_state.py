@@ -111,12 +111,24 @@ def test_a_transaction_keeps_its_first_and_last_input_timestamps_for_end_to_end_
     assert (committed.txn.first_ts_ms, committed.txn.last_ts_ms) == (1_000, 1_900)
 
 
-def test_a_slow_commit_with_too_many_held_records_pauses_until_it_ends() -> None:
+def test_a_slow_commit_with_too_many_held_records_pauses_until_they_are_drained() -> None:
+    # Resumed at the commit's end, a partition whose drain processed a few records
+    # before its next commit fetched a batch a commit and held its whole lag.
     state, _ = step(active(0, 5), sm.CommitDue(1.0))
     state, actions = step(state, sm.BacklogFull())
     assert Pause.BACKLOG in state.pause_reasons and actions == [sm.PausePartition()]
     state, actions = step(state, sm.CommitDone(0.5, 1.5))
-    assert kinds(actions) == ["Committed", "DrainHeld", "ResumePartition"]
+    assert kinds(actions) == ["Committed", "DrainHeld"]
+    assert Pause.BACKLOG in state.pause_reasons
+    state, actions = step(state, sm.BacklogDrained())
+    assert Pause.BACKLOG not in state.pause_reasons and actions == [sm.ResumePartition()]
+
+
+def test_a_commit_that_repositions_drops_the_held_records_and_their_pause() -> None:
+    state, _ = step(active(0, 5), sm.CommitDue(1.0), sm.BacklogFull())
+    state = replace(state, reposition_after_commit=True)
+    state, actions = step(state, sm.CommitDone(0.5, 1.5))
+    assert "DropHeld" in kinds(actions) and Pause.BACKLOG not in state.pause_reasons
 
 
 def test_records_handed_back_past_the_limits_pause_an_active_partition_until_drained() -> None:

@@ -227,6 +227,26 @@ def test_a_committing_partition_pauses_once_it_holds_its_bytes_limit() -> None:
     assert loop.metrics.held_records._value.get() == 10  # type: ignore[attr-defined]
 
 
+def test_a_commit_that_ends_resumes_its_partition_only_below_the_limits() -> None:
+    # 40 KB records, exactly-once, 10 ms a record, a 20 ms commit interval: each drain
+    # processed a few records before the next commit. The commit's end resumed the
+    # partition whatever it held, so it fetched a batch a commit and held its whole lag.
+    loop, _, partition = slow_loop(records=0, transform=slow10, interval_s=0.02,
+                                   held_partition_max_bytes=100_000)
+    loop.committer = EarlyCommitter(sealed=False)  # type: ignore[assignment]
+    loop.consumer.batches[:] = [[big(2810 + n) for n in range(10)]]  # type: ignore[attr-defined]
+    resumed_holding: list[int] = []
+    loop.consumer.resume = lambda tps: resumed_holding.append(  # type: ignore[method-assign]
+        partition.held_bytes)
+    loop.iterate()
+    assert sm.Pause.BACKLOG in partition.state.pauses, "the commit holds the rest: paused"
+    for _ in range(40):
+        loop.iterate()
+        time.sleep(0.005)  # the commit's job ends beside the loop
+    assert not partition.held, "all drained"
+    assert resumed_holding and all(held < 100_000 for held in resumed_holding), resumed_holding
+
+
 def test_records_handed_back_fetch_again_once_drained_below_the_limits() -> None:
     loop, committer, partition = slow_loop(records=0, transform=slow10, poll_gap_s=0.05,
                                            held_partition_max_bytes=100_000)
@@ -252,3 +272,14 @@ def test_a_seek_drops_the_records_handed_back() -> None:
     assert partition.held
     loop._execute(partition, sm.Seek(2815))  # an abort's rewind, say
     assert not partition.held and loop.held_bytes == 0
+
+
+def test_consume_waits_only_a_moment_while_a_commit_runs_or_records_are_held() -> None:
+    # A committing or backlogged partition fetches nothing: a full TXSTAGE_POLL_TIMEOUT_MS
+    # in consume() after each commit halved one lagging partition's pace (exactly-once,
+    # 20 ms a record, a commit every 100 ms: 26 records/s against at-least-once's 44).
+    loop, _, partition = slow_loop()
+    assert loop._poll_timeout_s() == loop.settings.poll_timeout_ms / 1000
+    loop.iterate()
+    assert partition.state.phase is sm.Phase.COMMITTING and partition.held
+    assert loop._poll_timeout_s() < 0.01

@@ -112,12 +112,15 @@ def commit_done(state: PartitionState, event: CommitDone, policy: Policy) -> Ste
         state, txn=None, committed=txn.next, abort_streak=0, isolation=isolation,
         name_until=name_until, overrun=overrun,
         poison_offset=None if poison is not None and txn.next > poison else poison,
-        poison_attempts=0 if poison is not None and txn.next > poison else state.poison_attempts,
-        pauses=state.pauses - {Pause.BACKLOG})
+        poison_attempts=0 if poison is not None and txn.next > poison else state.poison_attempts)
     report = Committed(txn, event.seconds)
-    if state.reposition_after_commit:
-        return replace(committed, phase=Phase.POSITIONING, reposition_after_commit=False), [
+    if state.reposition_after_commit:  # what it holds is dropped: nothing left to drain
+        return replace(committed, phase=Phase.POSITIONING, reposition_after_commit=False,
+                       pauses=state.pauses - {Pause.BACKLOG}), [
             report, DropHeld(), LookupPosition(after_commit=True)]
+    # A backlog pause stays until the drain brings what is held below the limits
+    # (BacklogDrained): resumed here, a partition fetched a batch each commit while its
+    # drain processed a few records, and held its whole lag.
     return replace(committed, phase=Phase.ACTIVE), [report, DrainHeld()]
 
 
