@@ -198,6 +198,30 @@ def poison_near_limit(world: World, rng: random.Random) -> str | None:
     return f"a {size:,}-byte poison record"
 
 
+def large_record_lag(world: World, rng: random.Random) -> str | None:
+    """A burst of ~40 KB records while every replica's transform takes 20 ms a record
+    for 15 s: partitions lag with large records, so what they hold is bounded by bytes
+    (TXSTAGE_HELD_*), not by count. Values are a number padded with spaces, which the
+    transform squares like any other."""
+    count = rng.randint(500, 1500)
+    slow = world.log_dir / "slow"
+    slow.write_text(f"20 {time.time() + 15:.3f}")
+    producer = Producer({"bootstrap.servers": world.cluster.direct_bootstrap,
+                         "enable.idempotence": True, "linger.ms": 20})
+    pad = b" " * 40_000
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(world.env["TXSTAGE_INPUT_TOPICS"], b"%d" % i + pad,
+                                 b"big-%d" % (i % 64))
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(60) != 0:
+        return None
+    return f"{count} records of 40 KB while the transform takes 20 ms a record for 15 s"
+
+
 def transform_hang(world: World, rng: random.Random) -> str | None:
     """A record whose transform never returns: in-process each replica that reaches it
     exits 5 after TXSTAGE_TRANSFORM_TIMEOUT_MS (restarted, as an orchestrator would);
@@ -248,6 +272,7 @@ LIBRARY: dict[str, Fault] = {
     "transform_stall": transform_stall,
     "transform_slow_phase": transform_slow_phase,
     "poison_near_limit": poison_near_limit,
+    "large_record_lag": large_record_lag,
     "transform_hang": transform_hang,
     "worker_kill": worker_kill,
 }
