@@ -240,6 +240,11 @@ class Metrics:
             "moving (an open transaction that long), per input and output partition",
             ["role", "topic", "partition"], registry=registry,
         )
+        self.commit_interval = Gauge(
+            "txstage_commit_interval_seconds",
+            "The commit interval in force: TXSTAGE_COMMIT_INTERVAL_MS, stretched while more "
+            "partitions are busy than TXSTAGE_MAX_TRANSACTIONS_PER_S allows", registry=registry,
+        )
         self.held_records = Gauge(
             "txstage_held_records",
             "Input records consumed and not processed yet (a partition committing, or a "

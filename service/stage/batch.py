@@ -153,7 +153,7 @@ class Batch(Holding):
         """When the records must stop for a look at the clock: the earliest due time
         of an open transaction (one opened from now on is due an interval from now),
         and at least every ``_CHECKPOINT_EVERY_S``. O(partitions), once a checkpoint."""
-        interval = self.policy.commit_interval_s
+        interval = self.policy.interval_s
         late = interval * (1 + _GRACE)
         due = now + min(late, _CHECKPOINT_EVERY_S)
         for partition in self.partitions.values():
@@ -175,7 +175,7 @@ class Batch(Holding):
             return True
         # Due by age once ``_GRACE`` past its interval: a fast batch ends within it and
         # the tick commits then, as for any batch, with no record held.
-        aged = now - self.policy.commit_interval_s * _GRACE
+        aged = now - self.policy.interval_s * _GRACE
         for partition in list(self.partitions.values()):
             if partition.batch_records:
                 self._tell_written(partition)

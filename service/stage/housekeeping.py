@@ -3,6 +3,7 @@ left unfetched."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import cast
 
 import structlog
@@ -11,6 +12,7 @@ from confluent_kafka import (
 )
 
 from service.stage import machine as sm
+from service.stage.budget import BUSY_FOR_S, budgeted_interval
 from service.stage.loop_state import LoopState
 from service.stage.partition import Partition, TopicPartitionKey
 from service.stage.workers import WorkerPool
@@ -39,6 +41,7 @@ class Housekeeping(LoopState):
             self._watch_fetching(now)
         self.metrics.oldest_open_transaction.set(
             max((p.state.age(now) for p in self.partitions.values()), default=0))
+        self._keep_to_budget(now)
         self.metrics.held_records.set(sum(len(p.held) for p in self.partitions.values()))
         self.metrics.held_bytes.set(self.held_bytes)
         if self.pool is not None:
@@ -48,6 +51,19 @@ class Housekeeping(LoopState):
             if high >= 0 and partition.position >= 0:
                 self.metrics.consumer_lag.labels(partition.topic, str(partition.partition)).set(
                     max(high - partition.read_to(), 0))
+
+    def _keep_to_budget(self, now: float) -> None:
+        """TXSTAGE_MAX_TRANSACTIONS_PER_S: the commit interval for the partitions busy
+        now (stage/budget.py), applied from the next due time on."""
+        policy = self.policy
+        busy = sum(1 for p in self.partitions.values()
+                   if p.state.txn is not None or now - p.committed_at < BUSY_FOR_S)
+        interval = budgeted_interval(policy.commit_interval_s, busy,
+                                     self.settings.max_transactions_per_s,
+                                     policy.transaction_timeout_s / 10)
+        if interval != policy.interval_s:
+            self.policy = replace(policy, stretched_interval_s=interval)
+            self.metrics.commit_interval.set(interval)
 
     def _report_workers(self, pool: WorkerPool) -> None:
         metrics = self.metrics

@@ -93,6 +93,7 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
         self._assigning_since: float | None = None
         self.pool = pool  # TXSTAGE_WORKERS: the transform runs there (Offload)
         self.inflight_records = 0
+        metrics.commit_interval.set(policy.commit_interval_s)
         self._workers_counted = (0, 0, 0.0)
         # With workers the main process only replays what they yielded: their own
         # timings are observed instead (Offload._complete).

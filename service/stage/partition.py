@@ -27,6 +27,7 @@ class Partition:
         "batch_records",
         "batch_since",
         "check_first",
+        "committed_at",
         "epoch",
         "fetched_end",
         "flowing",
@@ -97,6 +98,7 @@ class Partition:
         self.batch_since = 0.0
         self.batch_first_ts = self.batch_last_ts = -1  # its first and last record's timestamps
         self.releasing = False            # revoked, lost or stopping: start nothing new
+        self.committed_at = -1e9          # time.monotonic() of its last commit
         self.waiting_topic: str | None = None
         self.phase_since = 0.0            # time.monotonic() of the last phase change
         self.stalled_warned = False       # partition.stalled was logged for this phase

@@ -29,6 +29,7 @@ class Reports(LoopState):
                  "transactional_id": self.committer.transactional_id(partition.key)}
         match action:
             case sm.Committed(txn, seconds):
+                partition.committed_at = time.monotonic()
                 if seconds >= 0:
                     self._end_to_end(txn)
                     self.metrics.count_commit(seconds, txn.records)

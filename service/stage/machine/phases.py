@@ -77,7 +77,10 @@ class Overrun:
 class Policy:
     """The settings transitions depend on."""
 
-    commit_interval_s: float = 0.1
+    commit_interval_s: float = 0.1  # TXSTAGE_COMMIT_INTERVAL_MS
+    # The interval the replica's transaction budget stretches it to (stage/budget.py;
+    # 0: none). A transaction is due after ``interval_s``, the longer of the two.
+    stretched_interval_s: float = 0.0
     commit_max_records: int = 5000
     max_abort_streak: int = 10
     retry_backoff_s: float = 0.2
@@ -102,6 +105,11 @@ class Policy:
     # At-least-once: a commit only seals a delivery window, its offsets are committed
     # once delivered, later. So a healthy release commits with no window open too.
     commits_deferred: bool = False
+
+    @property
+    def interval_s(self) -> float:
+        """The commit interval in force."""
+        return max(self.commit_interval_s, self.stretched_interval_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +174,7 @@ class PartitionState:
         txn = self.txn
         if self.phase is not Phase.ACTIVE or txn is None:
             return False
-        if now - txn.opened_at >= policy.commit_interval_s or \
+        if now - txn.opened_at >= policy.interval_s or \
                 txn.records >= policy.commit_max_records:
             return True
         return self.isolation is not None and txn.records >= self.isolation.cap
