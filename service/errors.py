@@ -50,6 +50,11 @@ class UnreachableError(TxstageError):
     and no setting can be named as wrong."""
 
 
+class UnfinishedError(TxstageError):
+    """A read or a call of an operator tool that the cluster did not let finish
+    (librdkafka's own error, with its message): the tool exits 4, "could not finish"."""
+
+
 class PoisonRecordError(TxstageError):
     """The transform raised, or an output cannot be produced (e.g. too large)."""
 

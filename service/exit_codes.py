@@ -30,6 +30,8 @@ an alias of the same member (``ExitCode.NOT_RUNNING is ExitCode.POISON``)::
                                                 read or a transaction that timed out)
           UNREACHABLE  run, check-config        the cluster could not be queried at
                                                 start-up (``run`` asks for 120 s)
+    70    BUG          audit, redrive           an unexpected exception: a bug in the
+                                                tool (its traceback on stderr; EX_SOFTWARE)
 
 Not in the table: ``128 + signal`` when a second SIGTERM/SIGINT ends ``run`` at once
 (``service.cli``), as a shell reports a process a signal ended.
@@ -48,6 +50,7 @@ class ExitCode(IntEnum):
     CONFIG = 2
     POISON = 3
     UNFINISHED = 4
+    BUG = 70  # sysexits.h EX_SOFTWARE
     TRANSFORM_TIMED_OUT = 5
 
     # The same numbers, named for what they mean to the command that returns them.

@@ -23,6 +23,7 @@ from service.errors import (
     FencedError,
     KafkaOperationError,
     RetriableError,
+    UnfinishedError,
     Where,
 )
 
@@ -87,9 +88,9 @@ def translated(where: Where) -> Iterator[None]:
 @contextmanager
 def untranslated() -> Iterator[None]:
     """Run code that lets librdkafka's own error through (service.kafka.reading, what the
-    operator tools read with): its KafkaException leaves as a RuntimeError with the same
-    message, for callers outside this boundary, which may not catch KafkaException."""
+    operator tools read with): its KafkaException leaves as an UnfinishedError with the
+    same message, for callers outside this boundary, which may not catch KafkaException."""
     try:
         yield
     except KafkaException as exc:
-        raise RuntimeError(str(exc)) from exc
+        raise UnfinishedError(str(exc)) from exc

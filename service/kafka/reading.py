@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec, TimestampSpec
 
 from service.contract.records import Record
-from service.errors import RetriableError, Where
+from service.errors import RetriableError, UnfinishedError, Where
 from service.kafka.config import FETCH_QUEUE_BACKOFF_MS
 from service.kafka.errors import kafka_error
 from service.kafka.messages import to_record
@@ -281,7 +281,7 @@ def read(config: Config, group_id: str, windows: Mapping[Partition, tuple[int, i
                         raise PermissionError(f"missing permission: {_DENIED[error.code()]} "
                                               f"`{key[0]}`")
                     elif error.code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(f"reading {key[0]}/{key[1]}: {error.str()}")
+                        raise UnfinishedError(f"reading {key[0]}/{key[1]}: {error.str()}")
                     continue
                 if offset < window[1]:
                     on_message(msg)

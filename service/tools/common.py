@@ -4,9 +4,10 @@ failure becomes one line on stderr and an exit code (service/exit_codes.py)."""
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Callable
 
-from service.errors import ConfigError, DeniedError, KafkaOperationError
+from service.errors import ConfigError, DeniedError, KafkaOperationError, UnfinishedError
 from service.exit_codes import ExitCode
 from service.kafka.config import refused_configs
 from service.kafka.errors import untranslated
@@ -26,10 +27,11 @@ def tool_settings() -> Settings:
 
 def run_tool(name: str, body: Callable[[], int], *, unfinished_hint: str = "") -> int:
     """``body()``'s exit code; bad settings, an unknown topic or a missing permission
-    exit 2 naming it, a cluster failure or a time-out 4."""
+    exit 2 naming it, a cluster failure or a time-out 4. Anything else is a bug in the
+    tool, not the cluster's doing: its traceback, and exit 70."""
     try:
         # kafka/reading.py raises librdkafka's own error to the tools: "could not
-        # finish", 4 (a RuntimeError here, with librdkafka's message).
+        # finish", 4 (an UnfinishedError here, with librdkafka's message).
         with untranslated():
             return body()
     except DeniedError as exc:  # before KafkaOperationError: a permission, not the cluster
@@ -42,6 +44,11 @@ def run_tool(name: str, body: Callable[[], int], *, unfinished_hint: str = "") -
     except (LookupError, PermissionError) as exc:
         print(f"txstage {name}: {exc.args[0]}", file=sys.stderr)
         return ExitCode.CONFIG
-    except (KafkaOperationError, TimeoutError, RuntimeError) as exc:
+    except (KafkaOperationError, TimeoutError, UnfinishedError) as exc:
         print(f"txstage {name}: could not finish{unfinished_hint}: {exc}", file=sys.stderr)
         return ExitCode.UNFINISHED
+    except Exception:
+        traceback.print_exc()
+        print(f"txstage {name}: a bug in txstage {name} (the traceback above; please "
+              f"report it): the cluster is not the cause", file=sys.stderr)
+        return ExitCode.BUG

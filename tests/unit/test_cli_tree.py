@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_exit_codes_keep_their_numbers() -> None:
     assert {code.name: int(code) for code in ExitCode} == {
         "OK": 0, "FAILED": 1, "CONFIG": 2, "POISON": 3, "UNFINISHED": 4,
-        "TRANSFORM_TIMED_OUT": 5}
+        "TRANSFORM_TIMED_OUT": 5, "BUG": 70}
     assert (ExitCode.FATAL, ExitCode.VIOLATIONS, ExitCode.DIFFERENT) == (1, 1, 1)
     assert (ExitCode.NOT_RUNNING, ExitCode.UNREACHABLE) == (3, 4)
 

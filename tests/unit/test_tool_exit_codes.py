@@ -47,3 +47,29 @@ def test_a_missing_permission_exits_2_naming_it(capsys: pytest.CaptureFixture[st
     assert run_tool("redrive", body, unfinished_hint=" (a rerun resumes)") == ExitCode.CONFIG
     err = capsys.readouterr().err
     assert "permission denied" in err and "could not finish" not in err
+
+
+def test_an_unexpected_exception_is_a_bug_with_its_traceback_not_the_cluster(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Any RuntimeError used to read as "could not finish" (exit 4): a programming error
+    # in a tool looked like a cluster problem, and its traceback was lost.
+    def body() -> int:
+        raise RuntimeError("a bug in the tool")
+
+    assert run_tool("audit", body) == ExitCode.BUG == 70
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "a bug in the tool" in err
+    assert "could not finish" not in err and "the cluster is not the cause" in err
+
+
+def test_a_kafka_failure_keeps_its_one_line_and_exit_4(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from confluent_kafka import KafkaException
+
+    def body() -> int:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+
+    assert run_tool("audit", body) == ExitCode.UNFINISHED
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("txstage audit: could not finish: ")
+    assert "broker down" in err

@@ -41,7 +41,7 @@ from confluent_kafka.admin import AdminClient
 from service.contract.letters import ATTEMPT, PARKED, REDRIVEN, Letter, parking_topic_of, parse
 from service.contract.processing import OutputRefusedError, Produced, Result, process, refused
 from service.contract.records import Transform
-from service.errors import AbortableError, DeniedError
+from service.errors import AbortableError, DeniedError, UnfinishedError
 from service.kafka import reading
 from service.kafka.cluster import UnknownTopicError
 from service.kafka.producer import PinnedProducer
@@ -313,7 +313,7 @@ def _ensure_topic(admin_config: Mapping[str, Any], topic: str, *, partitions: in
                 p.leader >= 0 for p in described.partitions.values()):
             return
         time.sleep(0.1)
-    raise RuntimeError(f"{topic} has no leader 30 s after its creation")
+    raise UnfinishedError(f"{topic} has no leader 30 s after its creation")
 
 
 def _done(admin_config: Mapping[str, Any], topic: str, prefix: str,
