@@ -245,7 +245,8 @@ class Settings(BaseSettings):
         return self.guarantee == "exactly_once"
 
     def transactional_id(self, topic: str, partition: int) -> str:
-        """The id that always stands for this input partition (fixed by DESIGN.md §2)."""
+        """The id that always stands for this input partition, so that the next owner's
+        init_transactions fences the last one (docs/decisions.md)."""
         return f"{self.id_prefix}.{topic}.{partition}"
 
 

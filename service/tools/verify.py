@@ -1,4 +1,4 @@
-"""The test suite's exactly-once oracle, by lineage (DESIGN.md §8). Internal: the
+"""The test suite's exactly-once oracle, by lineage (V1-V5, docs/reliability.md). Internal: the
 verifier operators run is ``txstage audit`` (docs/tools.md), which also understands
 what this does not model.
 

@@ -168,7 +168,7 @@ print(json.dumps({"ok": r.ok, "found": r.found, "expected": r.expected,
 
 def test_the_secured_compose_runs_exactly_once_with_least_privilege_and_file_secrets(
         compose: Compose, engine: Engine, tmp_path: Path) -> None:
-    """deploy/compose/secured.yml (issue 10): SASL_SSL/SCRAM, the StandardAuthorizer,
+    """deploy/compose/secured.yml: SASL_SSL/SCRAM, the StandardAuthorizer,
     exactly the documented ACLs for User:txstage, passwords as mounted files."""
     secured = compose.variant("txstage-image-secured", "-f", "deploy/compose/secured.yml")
     secured("down", "--volumes", "--remove-orphans", check=False)

@@ -1,4 +1,4 @@
-"""At-least-once mode under faults (issue 8): a refused delivery on some partitions
+"""At-least-once mode under faults: a refused delivery on some partitions
 only, and replicas scaling while offsets are committed. Duplicates are allowed in
 this mode; loss, foreign outputs, lag and replicas dying are not.
 

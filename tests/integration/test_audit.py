@@ -1,4 +1,4 @@
-"""``txstage audit`` (issue 11) against a real broker and a real stage: clean while the
+"""``txstage audit`` against a real broker and a real stage: clean while the
 stage runs and its input grows, and each planted violation found — a duplicated output,
 a lost input (offsets committed past it, no output), an output without an input, and a
 transaction a stopped foreign producer leaves open on an output partition.

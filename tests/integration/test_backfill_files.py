@@ -187,7 +187,7 @@ def test_spark_submit_runs_the_entry_file(tmp_path: Path) -> None:
 
 def test_a_backfill_started_from_the_cli_prints_no_spark_boilerplate(tmp_path: Path) -> None:
     """Spark's default log profile printed five lines of start-up boilerplate before
-    every backfill (issue 31); txstage's own profile keeps warnings and errors only."""
+    every backfill; txstage's own profile keeps warnings and errors only."""
     records = jsonl_records()
     write_jsonl(tmp_path / "in.jsonl", records, lambda b: b.decode("latin-1"))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("TXSTAGE_")},

@@ -1,4 +1,4 @@
-"""A short chaos campaign in the suite (issue 9's CI subset): fixed seeds, a fault
+"""A short chaos campaign in the suite (the CI subset): fixed seeds, a fault
 every few seconds for 30 s each, then heal, drain and check everything
 ``make chaos`` checks. A failing seed is replayed with the same arguments:
 ``make chaos CHAOS_ARGS="--seed <seed> --duration <s> ..."``.

@@ -1,5 +1,5 @@
-"""Faults in pairs, and faults that only show with a transform that takes real time
-(issue 8): every scenario ends with the lineage check (service/tools/verify.py) and, unless
+"""Faults in pairs, and faults that only show with a transform that takes real time:
+every scenario ends with the lineage check (service/tools/verify.py) and, unless
 it is about stopping, with the replicas still alive and a clean SIGTERM.
 
 Each test names, in a comment, what the stage before the rebuild did wrong.
@@ -476,7 +476,7 @@ def test_broker_sigkill_and_restart_during_a_slow_transform(
 def test_send_offsets_after_the_only_broker_restarted_returns(
         make_cluster: Callable[..., KafkaCluster], unique_name: Callable[[str], str],
         strategy: str) -> None:
-    # CI, issue 9 (group protocol "consumer"): the test above hung in
+    # CI (group protocol "consumer"): the test above hung in
     # send_offsets_to_transaction until the stuck-call watchdog fired, 100 s later.
     # librdkafka re-bootstraps once every broker it knows is down, which decommissions
     # the broker it had cached as group coordinator; after the restart, the offsets

@@ -1,10 +1,10 @@
-"""The fault proxy bites (issue 9): faults injected between real clients and a real
+"""The fault proxy bites: faults injected between real clients and a real
 broker reach the client, and exactly-once holds through them.
 
 Clients under test bootstrap through the proxy (``proxied_kafka.bootstrap``); topics,
 verification and committed offsets go past it (``proxied_kafka.direct_bootstrap``).
 
-The last test is the regression test of issue 8, defect 3: one partition's slow abort
+The last test is a regression test of a defect the proxy found: one partition's slow abort
 must not stall the others. ``TXSTAGE_TEST_STAGE_TREE=/path/to/other/tree`` runs the
 replicas from another source tree (see tests/harness/stage.py), which is how it
 was shown to fail on the stage before the rebuild.
@@ -198,7 +198,7 @@ def _transactions_with_drops(proxied_kafka: ProxiedKafka, topic: str, producer: 
     assert len(everything) == transactions * per_transaction
 
 
-# ------------------------------------ (c) issue 8, defect 3: a slow abort stalls nobody
+# ---------------------------------------------- (c) a slow abort stalls nobody
 
 
 @dataclass(frozen=True)

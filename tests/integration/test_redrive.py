@@ -1,4 +1,4 @@
-"""``txstage redrive`` (issue 11) on a real broker: dead letters of a buggy transform,
+"""``txstage redrive`` on a real broker: dead letters of a buggy transform,
 redriven after the fix, give exactly the outputs the fixed stream would have given (as
 ``txstage audit`` checks by lineage); a second run, and a run killed halfway then
 resumed, write nothing twice; letters that fail again go back with an attempt count.

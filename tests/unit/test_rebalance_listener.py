@@ -1,5 +1,5 @@
 """The rebalance listener's account of a stop: one ``partitions.released`` line, no
-rebalance counted, and nothing again when ``consumer.close()`` calls back (issue 31:
+rebalance counted, and nothing again when ``consumer.close()`` calls back (it logged
 ``partitions.revoked`` twice at every stop, ``partitions.lost`` on a poison exit)."""
 
 from __future__ import annotations

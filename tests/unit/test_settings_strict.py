@@ -1,4 +1,4 @@
-"""Settings are strict (issue 31): a TXSTAGE_* name that is not a setting is an error
+"""Settings are strict: a TXSTAGE_* name that is not a setting is an error
 with a did-you-mean, bootstrap servers are checked at once, every problem is reported
 in one run, and a refused pass-through names the variable the user set."""
 
