@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 CHAOS_ARGS ?=
 
-.PHONY: install test unit integration lint kafka-up kafka-down demo bench bench-latency bench-failover chaos image image-test bench-tools clean
+.PHONY: install test unit integration lint kafka-up kafka-down demo bench bench-latency bench-failover bench-budget chaos image image-test bench-tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,10 @@ FAILOVER_ARGS ?= --rate 10000 --seconds 30 --replicas 2 --kill-after 10
 bench-failover: install
 	$(PY) -m bench.latency $(FAILOVER_ARGS) --group-protocol classic
 	$(PY) -m bench.latency $(FAILOVER_ARGS) --group-protocol consumer
+
+# The transaction budget at 8 and 64 partitions, e.g. make bench-budget BUDGET_ARGS="--records 400000"
+bench-budget: install
+	$(PY) -m bench.budget $(BUDGET_ARGS)
 
 # txstage audit and txstage redrive rates, e.g. make bench-tools TOOLS_ARGS="--records 500000"
 bench-tools: install

@@ -258,6 +258,8 @@ def worker_pids(pid: int) -> list[int]:
         return []
 
 
+WORKERS_ONLY = {"worker_kill"}  # drawn only in a campaign with TXSTAGE_WORKERS
+
 LIBRARY: dict[str, Fault] = {
     "replica_sigkill": replica_sigkill,
     "replica_sigterm": replica_sigterm,
