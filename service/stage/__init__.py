@@ -19,8 +19,7 @@
     overruns.py      such calls recorded where the partition's next owner reads them
     guarantees/      what the loop needs from a guarantee, and the two guarantees
     workers/         the worker processes that run the transform, and their pool
+
+Nothing is re-exported: ``import service.stage.machine`` (pure) loads no Kafka client;
+the replica is ``service.stage.replica.Stage``.
 """
-
-from service.stage.replica import Stage
-
-__all__ = ["Stage"]

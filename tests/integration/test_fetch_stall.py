@@ -29,7 +29,7 @@ from service.observability.health import Health
 from service.observability.metrics import Metrics
 from service.preflight import check_cluster, producer_max_bytes
 from service.settings import load_settings
-from service.stage import Stage
+from service.stage.replica import Stage
 from tests.harness.reading import read_topic
 from tests.harness.stage import (
     PARTITIONS,

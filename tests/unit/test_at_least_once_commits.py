@@ -26,12 +26,12 @@ from service.kafka.cluster import OutputLimits
 from service.observability.health import Health
 from service.observability.metrics import Metrics
 from service.settings import load_settings
-from service.stage import Stage
 from service.stage import machine as sm
 from service.stage.guarantees.at_least_once import AtLeastOnce
 from service.stage.loop import Loop
 from service.stage.machine import DeliveryFailed, Event
 from service.stage.partition import Partition
+from service.stage.replica import Stage
 from tests.unit.test_positioning import POLICY, ScriptedConsumer, batch, make_loop, positioned
 
 KEY = ("in", 3)

@@ -5,6 +5,8 @@ long it takes."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,13 @@ def test_each_integration_module_says_how_long_it_takes(path: Path) -> None:
     docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
     assert docstring.splitlines()[-1].startswith("Takes ≈ "), \
         f"{path.name}: end the docstring with 'Takes ≈ N s (...)' (make test prints the seconds)"
+
+
+def test_the_pure_state_machine_imports_no_kafka_client() -> None:
+    # The stage's face re-exported Stage: importing service.stage.machine loaded
+    # confluent_kafka and 51 modules of the package.
+    code = ("import sys, service.stage.machine; "
+            "print('confluent_kafka' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=SERVICE.parent).stdout
+    assert out.strip() == "False"
