@@ -237,6 +237,13 @@ class Settings(BaseSettings):
             PASSTHROUGH_PREFIXES[section] + prop.upper().replace(".", "_")
 
     @property
+    def call_deadline_s(self) -> float:
+        """How long a Kafka call of a commit, an abort or a lookup is retried: the
+        transaction time-out (the coordinator decides within it) and 30 s more, the
+        Java client's request time-out, for its answer to arrive."""
+        return self.transaction_timeout_ms / 1000 + 30
+
+    @property
     def id_prefix(self) -> str:
         return self.transactional_id_prefix or self.group_id
 

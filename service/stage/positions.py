@@ -217,7 +217,7 @@ class Positions(LoopState):
         before it (its records would be processed twice). That lookup reads stable
         only, until the deadline."""
         topic, number = partition.key
-        deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000 + 30
+        deadline = time.monotonic() + self.settings.call_deadline_s
         cluster, group = self.limits.cluster, self.settings.group_id
         overruns, assigned_at = self.overruns, partition.assigned_at
 

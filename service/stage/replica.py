@@ -75,8 +75,8 @@ class Stage:
             reclaim_after_s=session_timeout_s,
             transaction_timeout_s=settings.transaction_timeout_ms / 1000,
             # Past the deadline every Kafka call of a commit or an abort is given
-            # (ExactlyOnce: the transaction timeout + 30 s), with a margin.
-            stuck_after_s=settings.transaction_timeout_ms / 1000 + 40,
+            # (Settings.call_deadline_s), with a margin.
+            stuck_after_s=settings.call_deadline_s + 10,
             held_partition_max_bytes=settings.held_partition_max_bytes,
             held_max_bytes=settings.held_max_bytes,
             poll_gap_s=poll_gap_s(max_poll_interval_s),

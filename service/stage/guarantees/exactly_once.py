@@ -63,7 +63,7 @@ class ExactlyOnce:
         self._logger = librdkafka_logger("producer")
         # init_transactions may wait out a dead owner's transaction: allow the
         # whole transaction timeout plus a margin before calling it fatal.
-        self._deadline_s = settings.transaction_timeout_ms / 1000 + 30
+        self._deadline_s = settings.call_deadline_s
 
     def transactional_id(self, key: TopicPartitionKey) -> str:
         return self._settings.transactional_id(*key)

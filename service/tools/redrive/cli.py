@@ -134,6 +134,6 @@ def _redrive(args: argparse.Namespace) -> int:
                      letter_filter=letter_filter, max_bytes=limits.lookup,
                      dry_run=args.dry_run, batch=args.batch, timeout_s=args.timeout,
                      max_attempts=args.max_attempts, parking_topic=parking,
-                     deadline_s=settings.transaction_timeout_ms / 1000 + 30)
+                     deadline_s=settings.call_deadline_s)
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.summary())
     return ExitCode.OK
