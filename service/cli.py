@@ -50,6 +50,8 @@ TOOLS = {
                 "reprocess dead letters through the current transform"),
     "backfill": ("service.backfill.cli", "reprocess history on PySpark (see docs/backfill.md)"),
     "kafka": ("service.local_kafka.cli", "a local Kafka broker: install|up|down|status"),
+    "registry": ("service.local_registry.cli",
+                 "a local schema registry (Apicurio): install|up|down|status"),
     "topics": ("service.tools.topics", "create the stage's topics from its settings"),
 }
 
