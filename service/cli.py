@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from service.arguments import Parser
 from service.contract.loading import load_transform
+from service.contract.records import Transform
 from service.errors import ConfigError, PoisonRecordError
 from service.exit_codes import ExitCode
 from service.kafka.cluster import Cluster, OutputLimits
@@ -124,6 +125,9 @@ def _validated(settings: Settings, *, wait_s: float) -> tuple[Cluster, Checked]:
     if refused:
         raise ConfigError(*refused)
     load_transform(settings.transform)
+    if settings.formatted:  # the formats' libraries only when a format is set
+        from service.formats.check import check_formats
+        check_formats(settings)
     cluster = Cluster(admin_config(settings))
     return cluster, check_cluster(settings, cluster, wait_s=wait_s)
 
@@ -156,6 +160,8 @@ def _run(settings: Settings) -> int:
     metrics.transaction_timeout.set(settings.transaction_timeout_ms / 1000)
     health = Health(stale_after=settings.health_stale_after_s)
     publish_readiness(health, metrics)
+    if settings.formatted:
+        transform = _formatted(settings, transform, metrics, health)
     server = serve(settings.metrics_port, registry, health, host=settings.metrics_host)
     limits = OutputLimits(cluster, checked.producer_max_bytes, blocking=False)
     stage = Stage(settings, transform, metrics, health, limits,
@@ -184,6 +190,25 @@ def _run(settings: Settings) -> int:
     finally:
         server.close()
     _exit_now(stage, code)
+
+
+def _formatted(settings: Settings, transform: Transform, metrics: Metrics,
+               health: Health) -> Transform:
+    """The transform on decoded keys and values; the registry's state told to the
+    readiness and ``txstage_schema_registry_up``."""
+    from service.formats.codec import build, with_formats
+
+    codecs = build(settings, settings.transform)
+
+    def registry_state(up: bool) -> None:
+        metrics.schema_registry_up.set(1 if up else 0)
+        health.waiting_for(None if up else "schema registry")
+        log.warning("schema_registry.up" if up else "schema_registry.unavailable",
+                    url=settings.registry_url)
+
+    if codecs.registry is not None:
+        codecs.registry.on_state = registry_state
+    return with_formats(transform, codecs, settings.output_topic)
 
 
 def _exit_now(stage: Stage, code: ExitCode) -> NoReturn:

@@ -27,6 +27,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.errors import ConfigError
+from service.format_settings import FormatSettings
 
 Guarantee = Literal["exactly_once", "at_least_once"]
 GroupProtocol = Literal["classic", "consumer"]
@@ -116,7 +117,7 @@ def bootstrap_problem(value: str) -> str | None:
 _FAILED: ContextVar[frozenset[str]] = ContextVar("_FAILED", default=frozenset())
 
 
-class Settings(BaseSettings):
+class Settings(FormatSettings, BaseSettings):
     """Everything a replica needs; docs/settings.md describes each one."""
 
     model_config = SettingsConfigDict(
@@ -192,7 +193,8 @@ class Settings(BaseSettings):
     def _coherent(self) -> Self:
         timed = not _FAILED.get() & {"guarantee", "commit_interval_ms", "transaction_timeout_ms"}
         problems = [*self._protected_overrides(), *(self._timing_problems() if timed else []),
-                    *self._protocol_problems(), *self._reset_problems()]
+                    *self._protocol_problems(), *self._reset_problems(),
+                    *self._format_problems()]
         if self.dlq_topic and self.dlq_topic in self.input_topics:
             problems.append("TXSTAGE_DLQ_TOPIC must not be one of the input topics")
         if self.output_topic in self.input_topics:

@@ -74,6 +74,11 @@ class Health:
         self._last_beat = clock()
         self._lock = threading.Lock()
         self._group = _Group(fatal_reason=None, joined=False, assigned=None, ready=0)
+        self._waiting_for: str | None = None  # a service the records wait for (a registry)
+
+    def waiting_for(self, service: str | None) -> None:
+        """Records wait for ``service`` (None: no longer): not ready meanwhile."""
+        self._waiting_for = service
 
     def beat(self) -> None:
         """Record that the consumer loop iterated (cheap: one time store)."""
@@ -125,6 +130,8 @@ class Health:
             return False, {"status": "awaiting_assignment", **counts}
         if group.ready != group.assigned:
             return False, {"status": "initializing_producers", **counts}
+        if self._waiting_for is not None:
+            return False, {"status": "waiting", "for": self._waiting_for, **counts}
         return True, {"status": "ok", **counts}
 
 

@@ -278,6 +278,8 @@ class Batch(LoopState):
         else:  # an output topic not looked up yet: hold the record meanwhile
             if exc.outputs is not None:
                 partition.saved[msg.offset()] = exc.outputs  # type: ignore[index]
+            if exc.lookup is not None:  # not a topic: the schema registry (formats)
+                self._lookups[exc.topic] = exc.lookup
             self.dispatch(partition, sm.TopicUnknown(exc.topic))
             self._hold(partition, msg)
 

@@ -1,0 +1,159 @@
+"""The formats' codecs on confluent-kafka's ``mock://`` registry (units only; the real
+registry's tests are tests/integration/test_formats_*.py): decoded values in, encoded
+outputs out, each failure sorted as the record's (dead letter) or the registry's (wait)."""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import httpx2
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+from service import examples
+from service.contract.processing import TopicLimitPending, process
+from service.contract.records import Output, Record
+from service.formats import wire
+from service.formats.codec import build, with_formats
+from service.formats.errors import OutputSchemaError, RegistryUnavailable, UndecodableError
+from service.formats.registry import Registry
+from service.settings import Settings, load_settings
+
+_ORDER = {"type": "record", "name": "Order", "fields": [
+    {"name": "id", "type": "long"}, {"name": "amount", "type": "double"},
+    {"name": "currency", "type": "string"}]}
+
+
+def _settings(**extra: str) -> Settings:
+    return load_settings({
+        "TXSTAGE_BOOTSTRAP_SERVERS": "k:9092", "TXSTAGE_GROUP_ID": "g",
+        "TXSTAGE_INPUT_TOPICS": "orders", "TXSTAGE_OUTPUT_TOPIC": "priced",
+        "TXSTAGE_DLQ_TOPIC": "dlq", "TXSTAGE_TRANSFORM": "service.examples.avro_orders:price",
+        "TXSTAGE_REGISTRY_URL": f"mock://{uuid.uuid4().hex}", **extra})
+
+
+def _avro_settings() -> Settings:
+    return _settings(TXSTAGE_INPUT_VALUE_FORMAT="avro", TXSTAGE_OUTPUT_VALUE_FORMAT="avro",
+                     TXSTAGE_OUTPUT_VALUE_SCHEMA="priced_order.avsc")
+
+
+def _avro(schema_id: int, value: dict[str, Any]) -> bytes:
+    out = io.BytesIO()
+    out.write(wire.header(schema_id))
+    fastavro.schemaless_writer(out, fastavro.parse_schema(_ORDER), value)
+    return out.getvalue()
+
+
+def _record(value: bytes | None, offset: int = 0) -> Record:
+    return Record("orders", 0, offset, 0, b"k", value)
+
+
+@pytest.fixture
+def avro() -> Iterator[tuple[Settings, SchemaRegistryClient, int]]:
+    settings = _avro_settings()
+    client = SchemaRegistryClient.new_client({"url": settings.registry_url})
+    order_id = client.register_schema("orders-value", Schema(json.dumps(_ORDER), "AVRO"))
+    text = (Path(examples.__file__).parent / "priced_order.avsc").read_text()
+    client.register_schema("priced-value", Schema(text, "AVRO"))
+    yield settings, client, order_id
+
+
+def _run(settings: Settings, client: SchemaRegistryClient, record: Record,
+         transform: Any = None) -> Any:
+    from service.examples.avro_orders import price
+
+    codecs = build(settings, settings.transform, Registry(settings, client=client))
+    wrapped = with_formats(transform or price, codecs, settings.output_topic)
+    return process(wrapped, record, default_topic="priced", dlq_topic="dlq",
+                   max_bytes=lambda topic: 1_000_000)
+
+
+def test_avro_in_avro_out(avro: tuple[Settings, SchemaRegistryClient, int]) -> None:
+    settings, client, order_id = avro
+    result = _run(settings, client, _record(_avro(order_id, {"id": 7, "amount": 1.5,
+                                                             "currency": "EUR"})))
+    assert result.error is None
+    (out,) = result.outputs
+    schema_id, payload = wire.split(out.value)
+    written = json.loads(client.get_schema(schema_id).schema_str)
+    assert fastavro.schemaless_reader(io.BytesIO(payload), fastavro.parse_schema(written),
+                                      None) == {"id": 7, "amount_cents": 150,
+                                                "currency": "EUR", "source": "orders/0/0"}
+
+
+@pytest.mark.parametrize(("case", "cause"), [
+    ("plain", "not in the schema registry wire format"),
+    ("unknown id", "unknown schema id 4242"),
+    ("cut short", "does not decode as avro with schema"),
+])
+def test_bad_input_is_dead_lettered_with_its_cause(
+        avro: tuple[Settings, SchemaRegistryClient, int], case: str, cause: str) -> None:
+    settings, client, order_id = avro
+    value = {"plain": b"plain text", "unknown id": wire.header(4242) + b"\x02",
+             "cut short": wire.header(order_id) + b"\x02"}[case]
+    result = _run(settings, client, _record(value))
+    assert isinstance(result.error, UndecodableError)
+    assert cause in str(result.error)
+    (letter,) = result.outputs
+    assert letter.topic == "dlq" and letter.value == value
+    assert dict(letter.headers)["txstage.error.class"] == b"UndecodableError"
+
+
+def test_an_output_off_its_schema_dead_letters_the_input(
+        avro: tuple[Settings, SchemaRegistryClient, int]) -> None:
+    settings, client, order_id = avro
+    record = _record(_avro(order_id, {"id": 1, "amount": 2.0, "currency": "EUR"}))
+    result = _run(settings, client, record, lambda r: [Output({"id": "not a long"})])
+    assert isinstance(result.error, OutputSchemaError)
+    assert "priced-value" in str(result.error)
+    assert result.outputs[0].topic == "dlq" and result.outputs[0].value == record.value
+
+
+class _Down(SchemaRegistryClient):  # type: ignore[misc]
+    """A registry that does not answer (a unit's stand-in for a connection refused)."""
+
+    def get_schema(self, *args: Any, **kwargs: Any) -> Any:
+        raise httpx2.ConnectError("connection refused")
+
+
+def test_a_registry_that_does_not_answer_holds_the_record(
+        avro: tuple[Settings, SchemaRegistryClient, int]) -> None:
+    settings, _, order_id = avro
+    states: list[bool] = []
+    down = _Down({"url": settings.registry_url})
+    registry = Registry(settings, client=down, on_state=states.append)
+    wrapped = with_formats(lambda r: [], build(settings, settings.transform, registry),
+                           "priced")
+    record = _record(_avro(order_id, {"id": 1, "amount": 2.0, "currency": "EUR"}))
+    with pytest.raises(TopicLimitPending) as caught:
+        process(wrapped, record, default_topic="priced", dlq_topic="dlq",
+                max_bytes=lambda topic: 1_000_000)
+    assert isinstance(caught.value, RegistryUnavailable) and caught.value.lookup is not None
+    assert states == [False]
+    assert registry.wait_for(("id", order_id), lambda: down.get_schema(order_id),
+                             window_s=0.3) is False
+
+
+def test_bytes_everywhere_is_the_transform_itself() -> None:
+    settings = _settings()
+
+    def transform(record: Record) -> list[Output]:
+        return []
+
+    assert with_formats(transform, build(settings, settings.transform), "priced") is transform
+
+
+def test_json_values_round_trip() -> None:
+    settings = _settings(TXSTAGE_INPUT_VALUE_FORMAT="json", TXSTAGE_OUTPUT_VALUE_FORMAT="json")
+    wrapped = with_formats(lambda r: [Output({**r.value, "seen": True})],  # type: ignore[dict-item]
+                           build(settings, settings.transform), "priced")
+    (out,) = wrapped(_record(b'{"a": 1}'))
+    assert out.value == b'{"a":1,"seen":true}'
+    with pytest.raises(UndecodableError, match="not JSON"):
+        wrapped(_record(b"{"))
