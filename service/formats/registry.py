@@ -6,6 +6,7 @@ id: :class:`UndecodableError`, a dead letter)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,9 @@ from service.format_settings import FormatSettings
 from service.formats.errors import RegistryError, RegistryUnavailable
 
 T = TypeVar("T")
+# httpx logs every request at INFO: one line per schema looked up is noise.
+logging.getLogger("httpx2").setLevel(logging.WARNING)
+logging.getLogger("httpx").setLevel(logging.WARNING)
 # A lookup the stage runs beside the loop asks for this long before the held records are
 # tried again (and, the registry still down, held again).
 LOOKUP_WINDOW_S = 5.0
