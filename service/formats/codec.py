@@ -14,7 +14,6 @@ from typing import Any
 
 import fastavro
 
-from service.contract.loading import load_transform
 from service.contract.records import Output, Record, Transform
 from service.errors import ConfigError
 from service.format_settings import REGISTRY_FORMATS, FormatSettings
@@ -28,7 +27,6 @@ from service.formats.codecs import (
     encode_json,
 )
 from service.formats.registry import Registry
-from service.settings import Settings
 
 
 @dataclass
@@ -103,13 +101,6 @@ def with_formats(transform: Transform, codecs: Codecs, default_topic: str) -> Tr
 
     formatted.__wrapped__ = transform  # type: ignore[attr-defined]
     return formatted
-
-
-def load_formatted(settings: Settings, codecs: Codecs | None = None) -> Transform:
-    """``TXSTAGE_TRANSFORM`` loaded and wrapped in the settings' formats."""
-    if codecs is None:
-        codecs = build(settings, settings.transform)
-    return with_formats(load_transform(settings.transform), codecs, settings.output_topic)
 
 
 def subject_namer(settings: FormatSettings, field: str, record_name: str | None
@@ -195,4 +186,4 @@ def _proto_text(message: Any) -> str:
     return str(_schema_to_str(message.DESCRIPTOR.file))
 
 
-__all__ = ["REGISTRY_FORMATS", "Codecs", "build", "load_formatted", "with_formats"]
+__all__ = ["REGISTRY_FORMATS", "Codecs", "build", "with_formats"]
