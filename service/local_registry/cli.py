@@ -26,7 +26,7 @@ from service.local_kafka.cache import cache_root
 from service.local_kafka.cli import handle
 from service.local_kafka.node import port_open
 from service.local_registry.install import REGISTRY_VERSION, find_java, install
-from service.local_registry.process import Registry, ready
+from service.local_registry.process import CCOMPAT_PATH, Registry, ready
 
 LOCAL_REGISTRY_PORT = 8081
 LOCAL_MANAGEMENT_PORT = 8091
@@ -118,6 +118,17 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _cmd_register(args: argparse.Namespace) -> int:
+    """Register a schema file under a subject (idempotent: the same schema keeps its id)."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    client = SchemaRegistryClient({"url": args.url})
+    text = Path(args.schema_file).read_text()
+    schema_id = client.register_schema(args.subject, Schema(text, args.type))
+    print(f"{args.subject}: schema id {schema_id}")
+    return ExitCode.OK
+
+
 def main(argv: Sequence[str] | None = None, *, prog: str = "txstage registry") -> int:
     parser = argparse.ArgumentParser(prog=prog)
     add_arguments(parser)
@@ -141,6 +152,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         cmd.add_argument("--management-port", type=int, default=LOCAL_MANAGEMENT_PORT)
         cmd.add_argument("--timeout", type=float, default=120.0)
         cmd.set_defaults(kafka_command=command)
+    register = sub.add_parser("register", help="register a schema file under a subject")
+    register.add_argument("subject")
+    register.add_argument("schema_file")
+    register.add_argument("--type", choices=("AVRO", "JSON", "PROTOBUF"), default="AVRO")
+    register.add_argument("--url", default=f"http://127.0.0.1:{LOCAL_REGISTRY_PORT}"
+                          f"{CCOMPAT_PATH}", help="the registry (default: the local one)")
+    register.set_defaults(kafka_command=_cmd_register)
     down = sub.add_parser("down", help="stop the local registry (SIGTERM, then SIGKILL)")
     down.add_argument("--grace", type=float, default=30.0)
     down.set_defaults(kafka_command=_cmd_down)
