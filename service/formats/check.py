@@ -30,16 +30,14 @@ def check_formats(settings: Settings) -> None:
         raise ConfigError(f"TXSTAGE_REGISTRY_URL={settings.registry_url}: does not answer "
                           f"({exc.__cause__})") from exc
     problems = []
-    for part, encoder in (("output_key", codecs.output_key),
-                          ("output_value", codecs.output_value)):
-        if isinstance(encoder, RegistryEncoder):
-            subject = encoder.subject(settings.output_topic)
-            try:
-                problem = _subject_problem(encoder, subject)
-            except RegistryError as exc:
-                problem = f"subject {subject!r}: {exc.__cause__}"
-            if problem:
-                problems.append(f"TXSTAGE_{part.upper()}_FORMAT: {problem}")
+    for part, encoder in codecs.encoders.items():
+        subject = encoder.subject(settings.output_topic)
+        try:
+            problem = _subject_problem(encoder, subject)
+        except RegistryError as exc:
+            problem = f"subject {subject!r}: {exc.__cause__}"
+        if problem:
+            problems.append(f"TXSTAGE_{part.upper()}_FORMAT: {problem}")
     if problems:
         raise ConfigError(*problems)
 

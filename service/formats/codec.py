@@ -8,7 +8,7 @@ import importlib
 import importlib.util
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,8 @@ class Codecs:
     output_key: Encoder | None
     output_value: Encoder | None
     registry: Registry | None
+    # output_key / output_value -> its registry encoder (what check-config asks about)
+    encoders: dict[str, RegistryEncoder] = field(default_factory=dict)
 
     @property
     def identity(self) -> bool:
@@ -51,24 +53,26 @@ def build(settings: FormatSettings, transform_ref: str, registry: Registry | Non
     if registry is None and settings.uses_registry:
         registry = Registry(settings)
     found: dict[str, Any] = {}
+    encoders: dict[str, RegistryEncoder] = {}
     for part, fmt in settings.formats.items():
         schema_ref: str = getattr(settings, f"{part}_schema")
-        field = "key" if part.endswith("key") else "value"
+        name = "key" if part.endswith("key") else "value"
         if fmt == "bytes":
             found[part] = None
         elif fmt == "json":
             found[part] = decode_json if part.startswith("input") else encode_json
         elif part.startswith("input"):
             assert registry is not None
-            found[part] = RegistryDecoder(fmt, registry, _reader(fmt, schema_ref, transform_ref,
-                                                                  f"TXSTAGE_{part.upper()}_SCHEMA"))
+            found[part] = RegistryDecoder(fmt, registry, _reader(
+                fmt, schema_ref, transform_ref, f"TXSTAGE_{part.upper()}_SCHEMA")).function()
         else:
             assert registry is not None
             source = output_schema(settings, part, transform_ref)
-            found[part] = RegistryEncoder(source, registry,
-                                          subject_namer(settings, field, source.record_name))
+            encoders[part] = RegistryEncoder(source, registry, subject_namer(
+                settings, name, source.record_name))
+            found[part] = encoders[part].function()
     return Codecs(found["input_key"], found["input_value"], found["output_key"],
-                  found["output_value"], registry)
+                  found["output_value"], registry, encoders)
 
 
 def with_formats(transform: Transform, codecs: Codecs, default_topic: str) -> Transform:

@@ -63,8 +63,32 @@ class RegistryDecoder:
         try:
             return self.read(payload, parsed)
         except Exception as exc:
-            raise UndecodableError(f"the payload does not decode as {self.fmt} with schema "
-                                   f"{schema_id}: {type(exc).__name__}: {exc}") from exc
+            raise self._undecodable(schema_id, exc) from exc
+
+    def _undecodable(self, schema_id: int, exc: Exception) -> UndecodableError:
+        return UndecodableError(f"the payload does not decode as {self.fmt} with schema "
+                                f"{schema_id}: {type(exc).__name__}: {exc}")
+
+    def function(self) -> Decoder:
+        """The decoder to call per record: for Avro, one closure with everything it needs
+        bound (about 1 µs a record less than ``__call__``, 1 KB values), else ``self``."""
+        if self.fmt != "avro":
+            return self
+        parsed_by_id, writer_of, reader = self._parsed, self._writer, self.reader
+        read, stream, undecodable = fastavro.schemaless_reader, io.BytesIO, self._undecodable
+
+        def decode_avro(data: bytes) -> object:
+            if len(data) < wire.HEADER or data[0] != wire.MAGIC:
+                wire.split(data)  # raises, saying so
+            schema_id = int.from_bytes(data[1:5], "big")
+            parsed = parsed_by_id.get(schema_id, _MISSING)
+            if parsed is _MISSING:
+                parsed = writer_of(schema_id)
+            try:
+                return read(stream(data[5:]), parsed, reader)
+            except Exception as exc:
+                raise undecodable(schema_id, exc) from exc
+        return decode_avro
 
     def _writer(self, schema_id: int) -> object:
         try:
@@ -82,7 +106,7 @@ class RegistryDecoder:
         return parsed
 
     def _avro(self, payload: memoryview, writer: Any) -> object:
-        return fastavro.schemaless_reader(io.BytesIO(payload), writer, self.reader)
+        return fastavro.schemaless_reader(io.BytesIO(bytes(payload)), writer, self.reader)
 
     def _json(self, payload: memoryview, _: object) -> object:
         return json.loads(bytes(payload))
@@ -121,9 +145,32 @@ class RegistryEncoder:
         try:
             return self.write(prefix, parsed, value)
         except Exception as exc:
-            raise OutputSchemaError(f"the output for {topic!r} does not match its "
-                                    f"{self.source.fmt} schema ({self.subject(topic)}): "
-                                    f"{type(exc).__name__}: {exc}") from exc
+            raise self._mismatch(topic, exc) from exc
+
+    def _mismatch(self, topic: str, exc: Exception) -> OutputSchemaError:
+        return OutputSchemaError(f"the output for {topic!r} does not match its "
+                                 f"{self.source.fmt} schema ({self.subject(topic)}): "
+                                 f"{type(exc).__name__}: {exc}")
+
+    def function(self) -> Encoder:
+        """The encoder to call per output: for Avro one closure, as ``RegistryDecoder``'s."""
+        if self.source.fmt != "avro":
+            return self
+        resolved_by_topic, resolve, mismatch = self._resolved, self._resolve, self._mismatch
+        write, stream = fastavro.schemaless_writer, io.BytesIO
+
+        def encode_avro(topic: str, value: object) -> bytes:
+            resolved = resolved_by_topic.get(topic)
+            if resolved is None:
+                resolved = resolve(topic)
+            out = stream()
+            out.write(resolved[0])
+            try:
+                write(out, resolved[1], value)
+            except Exception as exc:
+                raise mismatch(topic, exc) from exc
+            return out.getvalue()
+        return encode_avro
 
     def _resolve(self, topic: str) -> tuple[bytes, Any]:
         subject = self.subject(topic)
