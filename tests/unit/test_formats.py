@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from service import examples
 from service.contract.processing import TopicLimitPending, process
 from service.contract.records import Output, Record
+from service.errors import ConfigError
 from service.formats import wire
 from service.formats.codec import build, with_formats
 from service.formats.errors import OutputSchemaError, RegistryUnavailable, UndecodableError
@@ -157,3 +159,37 @@ def test_json_values_round_trip() -> None:
     assert out.value == b'{"a":1,"seen":true}'
     with pytest.raises(UndecodableError, match="not JSON"):
         wrapped(_record(b"{"))
+
+
+@pytest.mark.parametrize(("extra", "problem"), [
+    ({"TXSTAGE_INPUT_VALUE_FORMAT": "avro", "TXSTAGE_REGISTRY_URL": ""},
+     "TXSTAGE_REGISTRY_URL: needed by TXSTAGE_INPUT_VALUE_FORMAT"),
+    ({"TXSTAGE_OUTPUT_VALUE_FORMAT": "protobuf"},
+     "TXSTAGE_OUTPUT_VALUE_SCHEMA: protobuf needs the message class as module:Class"),
+    ({"TXSTAGE_INPUT_VALUE_SCHEMA": "x.avsc"},
+     "TXSTAGE_INPUT_VALUE_SCHEMA: not used with TXSTAGE_INPUT_VALUE_FORMAT=bytes"),
+    ({"TXSTAGE_OUTPUT_KEY_FORMAT": "xml"}, "TXSTAGE_OUTPUT_KEY_FORMAT: Input should be"),
+])
+def test_format_settings_say_what_is_wrong(extra: dict[str, str], problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _settings(**extra)
+    assert any(line.startswith(problem) for line in caught.value.problems), caught.value.problems
+
+
+def test_a_missing_schema_file_is_a_config_error() -> None:
+    settings = _settings(TXSTAGE_OUTPUT_VALUE_FORMAT="avro",
+                         TXSTAGE_OUTPUT_VALUE_SCHEMA="nowhere.avsc")
+    with pytest.raises(ConfigError, match=r"_SCHEMA=nowhere\.avsc: no such file"):
+        build(settings, settings.transform)
+
+
+def test_check_config_names_a_registry_that_does_not_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.formats import check
+    from service.local_kafka.node import free_ports
+
+    monkeypatch.setattr(check, "_REACH_S", 0.3)
+    url = f"http://127.0.0.1:{free_ports(1)[0]}/apis/ccompat/v7"
+    settings = _settings(TXSTAGE_OUTPUT_VALUE_FORMAT="avro", TXSTAGE_REGISTRY_URL=url)
+    with pytest.raises(ConfigError, match=re.escape(f"REGISTRY_URL={url}: does not answer")):
+        check.check_formats(settings)
