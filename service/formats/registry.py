@@ -69,6 +69,7 @@ class Registry:
             client_config(settings))
         self.on_state = on_state
         self.up = True
+        self._last_error: BaseException | None = None
         self._cache: dict[object, object] = {}
         self._lock = threading.Lock()  # a lookup job runs beside the loop
 
@@ -83,11 +84,17 @@ class Registry:
         found = self._cache.get(key, _MISSING)
         if found is not _MISSING:
             return found  # type: ignore[return-value]
+        if not self.up and self._last_error is not None:
+            # Known down: the loop thread does not wait for another time-out; the lookup
+            # beside the loop asks, and says when it answers again.
+            raise RegistryUnavailable(what, lambda: self.wait_for(key, fetch),
+                                      self._last_error)
         try:
             return self._fetch(key, fetch)
         except Exception as exc:
             if not unavailable(exc):
                 raise
+            self._last_error = exc
             self._state(up=False)
             raise RegistryUnavailable(what, lambda: self.wait_for(key, fetch), exc) from exc
 

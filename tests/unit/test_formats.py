@@ -120,7 +120,10 @@ def test_an_output_off_its_schema_dead_letters_the_input(
 class _Down(SchemaRegistryClient):  # type: ignore[misc]
     """A registry that does not answer (a unit's stand-in for a connection refused)."""
 
+    calls = 0
+
     def get_schema(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
         raise httpx2.ConnectError("connection refused")
 
 
@@ -138,6 +141,11 @@ def test_a_registry_that_does_not_answer_holds_the_record(
                 max_bytes=lambda topic: 1_000_000)
     assert isinstance(caught.value, RegistryUnavailable) and caught.value.lookup is not None
     assert states == [False]
+    # Known down: the loop does not ask (and wait) again; the lookup beside it does.
+    with pytest.raises(RegistryUnavailable):
+        process(wrapped, record, default_topic="priced", dlq_topic="dlq",
+                max_bytes=lambda topic: 1_000_000)
+    assert down.calls == 1
     assert registry.wait_for(("id", order_id), lambda: down.get_schema(order_id),
                              window_s=0.3) is False
 
