@@ -25,7 +25,7 @@ from service.formats import wire
 from service.local_registry.process import Registry
 from tests.harness import formats
 from tests.harness.formats import ORDER, ORDER_JSON_SCHEMA, ORDER_V2, PRICED, Order
-from tests.harness.operator_tools import tool
+from tests.harness.operator_tools import tool, violations
 from tests.harness.reading import read_committed
 from tests.harness.stage import PARTITIONS, StageSetup, one_protocol, paced, wait_for
 from tests.harness.stage import value as metric_value
@@ -82,6 +82,8 @@ def test_avro_in_avro_out_exactly_once(stage: StageSetup, schema_registry: Regis
                              "not in the schema registry wire format (magic byte 0 and a "
                              "4-byte schema id)"]), causes
     _assert_exactly_once(stage, env)
+    code, audited, err = tool(stage, "audit", "--timeout", "90", env=env)
+    assert code == 0 and violations(audited) == {}, (audited, err)
     # Redriven with the fixed transform: the letters' original bytes decoded once more.
     code, report, err = tool(stage, "redrive", env={
         **env, "TXSTAGE_TRANSFORM": "service.examples.avro_orders:price"})

@@ -201,3 +201,31 @@ def test_check_config_names_a_registry_that_does_not_answer(
     settings = _settings(TXSTAGE_OUTPUT_VALUE_FORMAT="avro", TXSTAGE_REGISTRY_URL=url)
     with pytest.raises(ConfigError, match=re.escape(f"REGISTRY_URL={url}: does not answer")):
         check.check_formats(settings)
+
+
+def test_records_of_an_older_version_decode_into_the_readers_view(tmp_path: Path) -> None:
+    v2 = {**_ORDER, "fields": [*_ORDER["fields"],
+                               {"name": "note", "type": "string", "default": "none"}]}
+    reader = tmp_path / "order_v2.avsc"
+    reader.write_text(json.dumps(v2))
+    settings = _settings(TXSTAGE_INPUT_VALUE_FORMAT="avro",
+                         TXSTAGE_INPUT_VALUE_SCHEMA=str(reader))
+    client = SchemaRegistryClient.new_client({"url": settings.registry_url})
+    v1_id = client.register_schema("orders-value", Schema(json.dumps(_ORDER), "AVRO"))
+    seen: list[object] = []
+    wrapped = with_formats(lambda r: seen.append(r.value) or [],  # type: ignore[func-returns-value]
+                           build(settings, settings.transform, Registry(settings, client=client)),
+                           "priced")
+    wrapped(_record(_avro(v1_id, {"id": 1, "amount": 2.0, "currency": "EUR"})))
+    assert seen == [{"id": 1, "amount": 2.0, "currency": "EUR", "note": "none"}]
+
+
+@pytest.mark.parametrize(("strategy", "subject"), [
+    ("topic", "priced-value"), ("record", "txstage.examples.PricedOrder"),
+    ("topic_record", "priced-txstage.examples.PricedOrder")])
+def test_subject_name_strategies(strategy: str, subject: str) -> None:
+    settings = _settings(TXSTAGE_OUTPUT_VALUE_FORMAT="avro",
+                         TXSTAGE_OUTPUT_VALUE_SCHEMA="priced_order.avsc",
+                         TXSTAGE_SUBJECT_NAME_STRATEGY=strategy)
+    assert build(settings, settings.transform).encoders["output_value"].subject("priced") == \
+        subject
