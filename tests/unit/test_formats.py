@@ -229,3 +229,11 @@ def test_subject_name_strategies(strategy: str, subject: str) -> None:
                          TXSTAGE_SUBJECT_NAME_STRATEGY=strategy)
     assert build(settings, settings.transform).encoders["output_value"].subject("priced") == \
         subject
+
+
+def test_keys_have_formats_of_their_own() -> None:
+    settings = _settings(TXSTAGE_INPUT_KEY_FORMAT="json", TXSTAGE_OUTPUT_KEY_FORMAT="json")
+    wrapped = with_formats(lambda r: [Output(r.value, key={"was": r.key})],  # type: ignore[arg-type]
+                           build(settings, settings.transform), "priced")
+    (out,) = wrapped(Record("orders", 0, 0, 0, b'"k1"', b"raw"))
+    assert (out.key, out.value) == (b'{"was":"k1"}', b"raw")
