@@ -3,7 +3,7 @@ and the real broker: inputs written by confluent-kafka's own serializers, output
 back by its own deserializers, V1-V5 over everything with the transform as the stage
 wraps it.
 
-Takes ≈ 60 s (one replica per test; the registry killed and restarted once).
+Takes ≈ 32 s (2 cores, shared broker; one replica a test, the registry killed once).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ registry on 8081 (each in a cache of its own that links the installed jars), the
 example through the stage, read back by a plain ``AvroDeserializer``. The harness adds
 ``set -e`` before the block and a ``wait`` for the stage after it.
 
-Takes ≈ 30 s (a broker and a registry started and stopped).
+Takes ≈ 16 s (a broker and a registry started and stopped).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ registers and serves schemas through the Confluent-compatible API confluent-kafk
 speaks, refuses an incompatible schema under BACKWARD, and keeps schemas and ids across a
 SIGKILL and restart. ``txstage registry up|status|down`` run a detached one.
 
-Takes ≈ 16 s (the session registry's start, one kill and restart, a detached one).
+Takes ≈ 11 s (the session registry's start, one kill and restart, a detached one).
 """
 
 from __future__ import annotations
