@@ -174,11 +174,15 @@ class RegistryEncoder:
 
     def _resolve(self, topic: str) -> tuple[bytes, Any]:
         subject = self.subject(topic)
-        schema_id, text = self.registry.cached(("subject", subject), f"subject {subject}",
-                                               lambda: self.registered(subject))
-        if schema_id is None:
-            raise OutputSchemaError(f"subject {subject!r} has no schema registered "
-                                    f"(register it, or set TXSTAGE_REGISTRY_AUTO_REGISTER)")
+        try:
+            schema_id, text = self.registry.cached(("subject", subject), f"subject {subject}",
+                                                   lambda: self.registered(subject))
+        except Exception as exc:
+            if not not_found(exc):
+                raise
+            # Not cached: registered later, the subject is found at the next output.
+            raise OutputSchemaError(f"subject {subject!r} has no schema registered (register "
+                                    "it, or set TXSTAGE_REGISTRY_AUTO_REGISTER)") from exc
         prefix = wire.header(schema_id)
         parsed: Any = None
         if self.source.fmt == "avro":
@@ -191,25 +195,20 @@ class RegistryEncoder:
         self._resolved[topic] = prefix, parsed
         return prefix, parsed
 
-    def registered(self, subject: str) -> tuple[int | None, str | None]:
+    def registered(self, subject: str) -> tuple[int, str | None]:
         """``(id, schema text)`` under ``subject``: the configured schema's (registered
-        first when auto-registration is on), or the latest version; id None when absent."""
+        first when auto-registration is on), or the latest version (its 404 when none)."""
         client, source = self.registry.client, self.source
+        if source.text is None:
+            latest = client.get_latest_version(subject)
+            return int(latest.schema_id or 0), latest.schema.schema_str
+        schema = Schema(source.text, _TYPES[source.fmt])
         try:
-            if source.text is None:
-                latest = client.get_latest_version(subject)
-                return latest.schema_id, latest.schema.schema_str
-            schema = Schema(source.text, _TYPES[source.fmt])
-            try:
-                return client.lookup_schema(subject, schema).schema_id, source.text
-            except Exception as exc:
-                if not (not_found(exc) and source.auto_register):
-                    raise
-                return client.register_schema(subject, schema), source.text
+            return int(client.lookup_schema(subject, schema).schema_id or 0), source.text
         except Exception as exc:
-            if not_found(exc):
-                return None, ""
-            raise
+            if not (not_found(exc) and source.auto_register):
+                raise
+            return int(client.register_schema(subject, schema)), source.text
 
     @staticmethod
     def _avro(prefix: bytes, parsed: Any, value: object) -> bytes:

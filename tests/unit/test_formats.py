@@ -237,3 +237,20 @@ def test_keys_have_formats_of_their_own() -> None:
                            build(settings, settings.transform), "priced")
     (out,) = wrapped(Record("orders", 0, 0, 0, b'"k1"', b"raw"))
     assert (out.key, out.value) == (b'{"was":"k1"}', b"raw")
+
+
+def test_an_output_subject_registered_late_is_found_then() -> None:
+    settings = _avro_settings()
+    client = SchemaRegistryClient.new_client({"url": settings.registry_url})
+    order_id = client.register_schema("orders-value", Schema(json.dumps(_ORDER), "AVRO"))
+    record = _record(_avro(order_id, {"id": 7, "amount": 1.5, "currency": "EUR"}))
+    codecs = build(settings, settings.transform, Registry(settings, client=client))
+    from service.examples.avro_orders import price
+
+    wrapped = with_formats(price, codecs, "priced")
+    with pytest.raises(OutputSchemaError, match="subject 'priced-value' has no schema"):
+        wrapped(record)
+    text = (Path(examples.__file__).parent / "priced_order.avsc").read_text()
+    client.register_schema("priced-value", Schema(text, "AVRO"))
+    (out,) = wrapped(record)
+    assert out.value is not None and out.value[:1] == b"\x00"
