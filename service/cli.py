@@ -203,8 +203,9 @@ def _formatted(settings: Settings, transform: Transform, metrics: Metrics,
     def registry_state(up: bool) -> None:
         metrics.schema_registry_up.set(1 if up else 0)
         health.waiting_for(None if up else "schema registry")
+        error = None if up or codecs.registry is None else str(codecs.registry.last_error)
         log.warning("schema_registry.up" if up else "schema_registry.unavailable",
-                    url=settings.registry_url)
+                    url=settings.registry_url, error=error)
 
     if codecs.registry is not None:
         codecs.registry.on_state = registry_state

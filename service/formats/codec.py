@@ -1,6 +1,7 @@
-"""``with_formats(transform, settings)``: the transform on decoded keys and values, its
-outputs encoded; the one wrapper the stage, the backfill and the tools call
-``processing.process`` with. All four formats ``bytes``: the transform itself."""
+"""``with_formats(transform, build(settings, ...), output_topic)``: the transform on
+decoded keys and values, its outputs encoded; the one wrapper the stage, the backfill and
+the tools call ``processing.process`` with. All four formats ``bytes``: the transform
+itself."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import fastavro
 
 from service.contract.records import Output, Record, Transform
 from service.errors import ConfigError
-from service.format_settings import REGISTRY_FORMATS, FormatSettings
+from service.format_settings import FormatSettings
 from service.formats.codecs import (
     Decoder,
     Encoder,
@@ -185,9 +186,8 @@ def import_class(ref: str, setting: str) -> Any:
 
 
 def _proto_text(message: Any) -> str:
+    """The schema text confluent-kafka's own ProtobufSerializer registers for the class
+    (its file descriptor, serialized): the same text finds the same registered id."""
     from confluent_kafka.schema_registry.common.protobuf import _schema_to_str
 
     return str(_schema_to_str(message.DESCRIPTOR.file))
-
-
-__all__ = ["REGISTRY_FORMATS", "Codecs", "build", "with_formats"]

@@ -47,11 +47,13 @@ def client_config(settings: FormatSettings) -> dict[str, Any]:
 
 def unavailable(exc: BaseException) -> bool:
     """The registry's fault, not the record's: no answer (connection, time-out: httpx's
-    errors) or a 5xx/429 answer."""
+    errors), an answer that is not the registry's (not JSON: a proxy, a starting server),
+    or any error status but "not found" (5xx, 429, and 401/403 too: a credential being
+    rotated must hold records, never dead-letter them)."""
     if isinstance(exc, SchemaRegistryError):
-        status = exc.http_status_code
-        return status is None or status >= 500 or status in (408, 429)
-    return type(exc).__module__.split(".")[0].startswith("httpx") or isinstance(exc, OSError)
+        return exc.http_status_code not in _NOT_FOUND
+    return type(exc).__module__.split(".")[0].startswith("httpx") \
+        or isinstance(exc, OSError | ValueError)
 
 
 def not_found(exc: BaseException) -> bool:
@@ -69,7 +71,7 @@ class Registry:
             client_config(settings))
         self.on_state = on_state
         self.up = True
-        self._last_error: BaseException | None = None
+        self.last_error: BaseException | None = None
         self._cache: dict[object, object] = {}
         self._lock = threading.Lock()  # a lookup job runs beside the loop
 
@@ -84,17 +86,17 @@ class Registry:
         found = self._cache.get(key, _MISSING)
         if found is not _MISSING:
             return found  # type: ignore[return-value]
-        if not self.up and self._last_error is not None:
+        if not self.up and self.last_error is not None:
             # Known down: the loop thread does not wait for another time-out; the lookup
             # beside the loop asks, and says when it answers again.
             raise RegistryUnavailable(what, lambda: self.wait_for(key, fetch),
-                                      self._last_error)
+                                      self.last_error)
         try:
             return self._fetch(key, fetch)
         except Exception as exc:
             if not unavailable(exc):
                 raise
-            self._last_error = exc
+            self.last_error = exc
             self._state(up=False)
             raise RegistryUnavailable(what, lambda: self.wait_for(key, fetch), exc) from exc
 

@@ -16,6 +16,7 @@ import fastavro
 import httpx2
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from service import examples
 from service.contract.processing import TopicLimitPending, process
@@ -24,7 +25,7 @@ from service.errors import ConfigError
 from service.formats import wire
 from service.formats.codec import build, with_formats
 from service.formats.errors import OutputSchemaError, RegistryUnavailable, UndecodableError
-from service.formats.registry import Registry
+from service.formats.registry import Registry, unavailable
 from service.settings import Settings, load_settings
 
 _ORDER = {"type": "record", "name": "Order", "fields": [
@@ -254,3 +255,11 @@ def test_an_output_subject_registered_late_is_found_then() -> None:
     client.register_schema("priced-value", Schema(text, "AVRO"))
     (out,) = wrapped(record)
     assert out.value is not None and out.value[:1] == b"\x00"
+
+
+@pytest.mark.parametrize("error", [
+    SchemaRegistryError(503, 50301, "unavailable"), SchemaRegistryError(401, 40101, "who?"),
+    json.JSONDecodeError("not the registry's answer", "<html>", 0)])
+def test_registry_trouble_is_never_the_records_fault(error: Exception) -> None:
+    assert unavailable(error)
+    assert not unavailable(SchemaRegistryError(404, 40403, "schema not found"))
