@@ -31,6 +31,7 @@ from service.contract.loading import load_transform
 from service.contract.records import Transform
 from service.errors import ConfigError, PoisonRecordError
 from service.exit_codes import ExitCode
+from service.formats.load import codec_module
 from service.kafka.cluster import Cluster, OutputLimits
 from service.kafka.config import admin_config, refused_configs
 from service.observability import interpreter
@@ -126,6 +127,7 @@ def _validated(settings: Settings, *, wait_s: float) -> tuple[Cluster, Checked]:
         raise ConfigError(*refused)
     load_transform(settings.transform)
     if settings.formatted:  # the formats' libraries only when a format is set
+        codec_module()
         from service.formats.check import check_formats
         check_formats(settings)
     cluster = Cluster(admin_config(settings))
@@ -196,9 +198,8 @@ def _formatted(settings: Settings, transform: Transform, metrics: Metrics,
                health: Health) -> Transform:
     """The transform on decoded keys and values; the registry's state told to the
     readiness and ``txstage_schema_registry_up``."""
-    from service.formats.codec import build, with_formats
-
-    codecs = build(settings, settings.transform)
+    codec = codec_module()
+    codecs = codec.build(settings, settings.transform)
 
     def registry_state(up: bool) -> None:
         metrics.schema_registry_up.set(1 if up else 0)
@@ -209,7 +210,8 @@ def _formatted(settings: Settings, transform: Transform, metrics: Metrics,
 
     if codecs.registry is not None:
         codecs.registry.on_state = registry_state
-    return with_formats(transform, codecs, settings.output_topic)
+    wrapped: Transform = codec.with_formats(transform, codecs, settings.output_topic)
+    return wrapped
 
 
 def _exit_now(stage: Stage, code: ExitCode) -> NoReturn:

@@ -4,8 +4,12 @@ Light to import: the formats' libraries load only when a format is set."""
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 from service.contract.loading import load_transform
 from service.contract.records import Transform
+from service.errors import ConfigError
 from service.settings import Settings
 
 
@@ -18,6 +22,16 @@ def load_formatted(ref: str, settings: Settings | None, default_topic: str | Non
     transform = load_transform(ref)
     if settings is None or not settings.formatted:
         return transform
-    from service.formats.codec import build, with_formats
+    codec = codec_module()
+    wrapped: Transform = codec.with_formats(transform, codec.build(settings, ref),
+                                            default_topic or settings.output_topic)
+    return wrapped
 
-    return with_formats(transform, build(settings, ref), default_topic or settings.output_topic)
+
+def codec_module() -> ModuleType:
+    """``service.formats.codec``, or a ConfigError naming the extra its libraries come in."""
+    try:
+        return importlib.import_module("service.formats.codec")
+    except ImportError as exc:
+        raise ConfigError(f"a key or value format needs the schemas extra (pip install "
+                          f"'txstage[schemas]'): {exc}") from exc

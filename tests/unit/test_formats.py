@@ -263,3 +263,14 @@ def test_an_output_subject_registered_late_is_found_then() -> None:
 def test_registry_trouble_is_never_the_records_fault(error: Exception) -> None:
     assert unavailable(error)
     assert not unavailable(SchemaRegistryError(404, 40403, "schema not found"))
+
+
+def test_a_format_without_its_libraries_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from service.formats import load
+
+    monkeypatch.setitem(sys.modules, "service.formats.codec", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r"needs the schemas extra \(pip install"):
+        load.load_formatted("service.examples.avro_orders:price",
+                            _settings(TXSTAGE_INPUT_VALUE_FORMAT="json"))
