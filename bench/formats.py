@@ -44,7 +44,7 @@ def avro_workload(plain: Workload, registry_url: str) -> Workload:
     """``plain``'s records as Avro ``Blob`` values of the same size, in a topic of their own."""
     topic = plain.topic + "-avro"
     ensure_topics(plain.bootstrap, {topic: plain.partitions})
-    client = SchemaRegistryClient({"url": registry_url})
+    client = SchemaRegistryClient({"url": registry_url, "timeout": 10})
     schema_id = client.register_schema(f"{topic}-value", Schema(json.dumps(BLOB), "AVRO"))
     parsed = fastavro.parse_schema(BLOB)
     producer = Producer({"bootstrap.servers": plain.bootstrap, "enable.idempotence": True,

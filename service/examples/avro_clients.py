@@ -23,7 +23,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 
 def produce(topic: str, count: int) -> None:
-    registry = SchemaRegistryClient({"url": os.environ["TXSTAGE_REGISTRY_URL"]})
+    registry = SchemaRegistryClient({"url": os.environ["TXSTAGE_REGISTRY_URL"], "timeout": 10})
     schema = (Path(__file__).parent / "order.avsc").read_text()
     serialize = AvroSerializer(registry, schema, conf={"auto.register.schemas": False})
     producer = Producer({"bootstrap.servers": os.environ["TXSTAGE_BOOTSTRAP_SERVERS"]})
@@ -36,7 +36,7 @@ def produce(topic: str, count: int) -> None:
 
 
 def read(topic: str, count: int) -> None:
-    registry = SchemaRegistryClient({"url": os.environ["TXSTAGE_REGISTRY_URL"]})
+    registry = SchemaRegistryClient({"url": os.environ["TXSTAGE_REGISTRY_URL"], "timeout": 10})
     deserialize = AvroDeserializer(registry)
     consumer = Consumer({"bootstrap.servers": os.environ["TXSTAGE_BOOTSTRAP_SERVERS"],
                          "group.id": f"avro-reader-{uuid.uuid4().hex[:8]}",

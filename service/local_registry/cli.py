@@ -122,7 +122,7 @@ def _cmd_register(args: argparse.Namespace) -> int:
     """Register a schema file under a subject (idempotent: the same schema keeps its id)."""
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-    client = SchemaRegistryClient({"url": args.url})
+    client = SchemaRegistryClient({"url": args.url, "timeout": 10})
     text = Path(args.schema_file).read_text()
     schema_id = client.register_schema(args.subject, Schema(text, args.type))
     print(f"{args.subject}: schema id {schema_id}")

@@ -49,7 +49,9 @@ Order = _order_message()
 
 
 def client(url: str) -> SchemaRegistryClient:
-    return SchemaRegistryClient({"url": url})
+    """A registry client whose every request is bounded: without a time-out a request
+    on a connection the registry dropped waits forever (seen once in a test run)."""
+    return SchemaRegistryClient({"url": url, "timeout": 10})
 
 
 def produce(bootstrap: str, topic: str, values: Iterable[Any],

@@ -24,7 +24,7 @@ _RECORD = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "long
 
 
 def test_registry_serves_schemas_and_survives_a_kill(schema_registry: Registry) -> None:
-    client = SchemaRegistryClient({"url": schema_registry.url})
+    client = SchemaRegistryClient({"url": schema_registry.url, "timeout": 10})
     subject = "local-registry-test-value"
     schema_id = client.register_schema(subject, Schema(json.dumps(_RECORD), "AVRO"))
     client.set_compatibility(subject, "BACKWARD")
@@ -33,7 +33,7 @@ def test_registry_serves_schemas_and_survives_a_kill(schema_registry: Registry) 
     schema_registry.kill()
     assert not schema_registry.alive()
     schema_registry.start()
-    again = SchemaRegistryClient({"url": schema_registry.url})
+    again = SchemaRegistryClient({"url": schema_registry.url, "timeout": 10})
     assert json.loads(again.get_schema(schema_id).schema_str) == _RECORD
 
 
