@@ -4,11 +4,13 @@ serializers, outputs read back by its own deserializers, and the stage's setting
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import fastavro
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -17,6 +19,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from service import Output, Record
 from service.contract.records import Transform
 from service.examples import avro_orders
+from service.formats import wire
 from service.formats.codec import build, with_formats
 from service.settings import load_settings
 from tests.harness.reading import read_committed
@@ -109,8 +112,13 @@ def identity(record: Record) -> Iterator[Output]:
     yield Output(value=record.value, key=record.key)
 
 
-def encode_all(serializer: Callable[[Any, SerializationContext], bytes | None], topic: str,
-               values: Iterable[Any]) -> list[bytes]:
-    """Values serialized now (while the registry answers), to be written later."""
-    context = SerializationContext(topic, MessageField.VALUE)
-    return [serializer(value, context) or b"" for value in values]
+def framed(schema_id: int, schema: str, values: Iterable[dict[str, Any]]) -> list[bytes]:
+    """Each value in the registry wire format with ``schema_id`` (fastavro, ``schema``)."""
+    parsed = fastavro.parse_schema(json.loads(schema))
+    encoded = []
+    for value in values:
+        out = io.BytesIO()
+        out.write(wire.header(schema_id))
+        fastavro.schemaless_writer(out, parsed, value)
+        encoded.append(out.getvalue())
+    return encoded
