@@ -28,11 +28,11 @@ RUN python -m venv /opt/txstage
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY service ./service
-RUN pip install .
+RUN pip install ".[schemas]"
 
 # --- build-spark: the same virtualenv plus the spark extra ---------------------
 FROM build AS build-spark
-RUN pip install ".[spark]"
+RUN pip install ".[spark,schemas]"
 
 # --- backfill: `txstage backfill` on PySpark (needs a JRE) ---------------------
 # No Spark Kafka connector: tasks read and write Kafka with librdkafka, so the image

@@ -8,12 +8,12 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 CHAOS_ARGS ?=
 
-.PHONY: install test unit integration lint kafka-up kafka-down demo bench bench-latency bench-failover bench-budget chaos image image-test bench-tools clean
+.PHONY: install test unit integration lint kafka-up kafka-down registry-up registry-down demo bench bench-latency bench-failover bench-budget chaos image image-test bench-tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,schemas]'
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 install: $(STAMP)
@@ -24,6 +24,7 @@ lint: install
 
 test: install lint
 	$(PY) -m service kafka install
+	$(PY) -m service registry install
 	TXSTAGE_PROMTOOL="$$(bash deploy/tools/promtool.sh)" $(PY) -m pytest $(PYTEST_ARGS)
 
 unit: install
@@ -37,6 +38,13 @@ kafka-up: install
 
 kafka-down: install
 	$(PY) -m service kafka down
+
+# A local schema registry (Apicurio, Confluent-compatible API) on 127.0.0.1:8081
+registry-up: install
+	$(PY) -m service registry up
+
+registry-down: install
+	$(PY) -m service registry down
 
 demo: install
 	$(PY) -m bench.demo

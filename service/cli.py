@@ -30,8 +30,10 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from service.arguments import Parser
 from service.contract.loading import load_transform
+from service.contract.records import Transform
 from service.errors import ConfigError, PoisonRecordError, UnreachableError
 from service.exit_codes import ExitCode
+from service.formats.load import codec_module
 from service.kafka.cluster import Cluster, OutputLimits
 from service.kafka.config import admin_config, refused_configs
 from service.observability import interpreter
@@ -56,6 +58,8 @@ TOOLS = {
                 "reprocess dead letters through the current transform"),
     "backfill": ("service.backfill.cli", "reprocess history on PySpark (see docs/backfill.md)"),
     "kafka": ("service.local_kafka.cli", "a local Kafka broker: install|up|down|status"),
+    "registry": ("service.local_registry.cli",
+                 "a local schema registry (Apicurio): install|up|down|status"),
     "topics": ("service.tools.topics", "the stage's topics by hand: create|produce|read"),
 }
 
@@ -140,6 +144,10 @@ def _validated(settings: Settings, *, wait_s: float) -> tuple[Cluster, Checked]:
     if refused:
         raise ConfigError(*refused)
     load_transform(settings.transform)
+    if settings.formatted:  # the formats' libraries only when a format is set
+        codec_module()
+        from service.formats.check import check_formats
+        check_formats(settings)
     cluster = Cluster(admin_config(settings))
     return cluster, check_cluster(settings, cluster, wait_s=wait_s)
 
@@ -180,6 +188,8 @@ def _run(settings: Settings) -> int:
     metrics.transaction_timeout.set(settings.transaction_timeout_ms / 1000)
     health = Health(stale_after=settings.health_stale_after_s)
     publish_readiness(health, metrics)
+    if settings.formatted:
+        transform = _formatted(settings, transform, metrics, health)
     server.serve(registry, health)
     limits = OutputLimits(cluster, checked.producer_max_bytes, blocking=False)
     stage = Stage(settings, transform, metrics, health, limits,
@@ -238,6 +248,26 @@ def _listen(settings: Settings) -> Server:
                 "check TXSTAGE_METRICS_HOST and TXSTAGE_METRICS_PORT")
         raise ConfigError(f"TXSTAGE_METRICS_PORT={port}: cannot serve /metrics on "
                           f"{host}:{port}: {exc.strerror or exc}; {hint}") from exc
+
+
+def _formatted(settings: Settings, transform: Transform, metrics: Metrics,
+               health: Health) -> Transform:
+    """The transform on decoded keys and values; the registry's state told to the
+    readiness and ``txstage_schema_registry_up``."""
+    codec = codec_module()
+    codecs = codec.build(settings, settings.transform)
+
+    def registry_state(up: bool) -> None:
+        metrics.schema_registry_up.set(1 if up else 0)
+        health.waiting_for(None if up else "schema registry")
+        error = None if up or codecs.registry is None else str(codecs.registry.last_error)
+        log.warning("schema_registry.up" if up else "schema_registry.unavailable",
+                    url=settings.registry_url, error=error)
+
+    if codecs.registry is not None:
+        codecs.registry.on_state = registry_state
+    wrapped: Transform = codec.with_formats(transform, codecs, settings.output_topic)
+    return wrapped
 
 
 def _exit_now(stage: Stage, code: ExitCode) -> NoReturn:

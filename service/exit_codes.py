@@ -16,20 +16,23 @@ an alias of the same member (``ExitCode.NOT_RUNNING is ExitCode.POISON``)::
           DIFFERENT    backfill verify          the two outputs differ
           FAILED       kafka                    the broker could not be installed or
                                                 started, or a port is taken
+          FAILED       registry                 the same for the local schema registry (or
+                                                no Java 21+)
     2     CONFIG       every command            bad settings or arguments (argparse's own
                                                 2 too), a missing permission (audit,
                                                 redrive), an unmapped topic (backfill)
     3     POISON       run                      a poison record exhausted its attempts and
                                                 there is no dead-letter topic
           NOT_RUNNING  kafka status             the local broker is not running
-    5     TRANSFORM_TIMED_OUT  run              a transform call ran past
-                                                TXSTAGE_TRANSFORM_TIMEOUT_MS: recorded for
-                                                the next owner, which calls it again or
-                                                dead-letters the record
+                       registry status          the local registry is not running
     4     UNFINISHED   audit, redrive           could not finish (cluster unreachable, a
                                                 read or a transaction that timed out)
           UNREACHABLE  run, check-config        the cluster could not be queried at
                                                 start-up (``run`` asks for 120 s)
+    5     TRANSFORM_TIMED_OUT  run              a transform call ran past
+                                                TXSTAGE_TRANSFORM_TIMEOUT_MS: recorded for
+                                                the next owner, which calls it again or
+                                                dead-letters the record
     70    BUG          audit, redrive           an unexpected exception: a bug in the
                                                 tool (its traceback on stderr; EX_SOFTWARE)
 

@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.bootstrap_servers import bootstrap_problem
 from service.errors import ConfigError
+from service.format_settings import FormatSettings
 
 Guarantee = Literal["exactly_once", "at_least_once"]
 GroupProtocol = Literal["classic", "consumer"]
@@ -90,7 +91,7 @@ def _split(value: object) -> object:
 _FAILED: ContextVar[frozenset[str]] = ContextVar("_FAILED", default=frozenset())
 
 
-class Settings(BaseSettings):
+class Settings(FormatSettings, BaseSettings):
     """Everything a replica needs; docs/settings.md describes each one."""
 
     model_config = SettingsConfigDict(
@@ -172,13 +173,17 @@ class Settings(BaseSettings):
         timed = not failed & {"guarantee", "commit_interval_ms", "transaction_timeout_ms",
                               "transform_timeout_ms"}
         problems = [*self._protected_overrides(), *(self._timing_problems() if timed else []),
-                    *self._protocol_problems(), *self._reset_problems()]
+                    *self._protocol_problems(), *self._reset_problems(),
+                    *self._format_problems()]
         # Topics that failed are stand-ins, all spelt alike: they conflict with nothing.
         inputs = () if "input_topics" in failed else self.input_topics
         if self.dlq_topic and "dlq_topic" not in failed and self.dlq_topic in inputs:
             problems.append("TXSTAGE_DLQ_TOPIC must not be one of the input topics")
         if "output_topic" not in failed and self.output_topic in inputs:
             problems.append("TXSTAGE_OUTPUT_TOPIC must not be one of the input topics")
+        if self.workers and self.formatted:  # the codecs live in the main process only
+            problems.append(f"TXSTAGE_WORKERS={self.workers} runs only a bytes transform: "
+                            "set the formats to bytes or TXSTAGE_WORKERS=0")
         if problems:
             raise ValueError("\n".join(problems))  # one line each (load_settings)
         return self

@@ -17,6 +17,12 @@ Brokers (all real Apache Kafka, run by service/local_kafka; nothing is ever skip
   ``secured_kafka.secure_bootstrap`` with ``secured_kafka.secured.client_config(...)``;
   ``secured_kafka.bootstrap`` is the harness's plaintext super-user listener.
 
+Schema registry (a real Apicurio Registry, service/local_registry; never skipped):
+
+- ``schema_registry`` (session): one registry JVM for the whole run, started on first
+  use (about 7 s); ``schema_registry.url`` is the Confluent-compatible API. A test may
+  ``kill()`` it and ``start()`` it again: ports and schemas (an H2 file) are kept.
+
 Names: ``unique_name(prefix)``, ``group_id``, ``new_topic(partitions=3, config=None)``.
 Reading back: ``read_committed`` / ``read_uncommitted`` fixtures hand out the plain
 functions of tests/harness/reading.py (importing them is just as good).
@@ -35,6 +41,7 @@ import pytest
 from service.local_kafka.cluster import KafkaCluster
 from service.local_kafka.errors import LocalKafkaError
 from service.local_kafka.readiness import wait_ready
+from service.local_registry.process import Registry
 from tests.harness import reading
 from tests.harness.admin import create_topic
 from tests.harness.kafka import KafkaService, ProxiedKafka, RunningKafka
@@ -148,6 +155,20 @@ def make_cluster(request: pytest.FixtureRequest) -> Iterator[MakeCluster]:
     yield make
     for cluster in clusters:
         cluster.close()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(pytestconfig: pytest.Config,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    registry = Registry(tmp_path_factory.mktemp("registry"))
+    try:
+        registry.start()
+    except LocalKafkaError as exc:
+        pytest.fail(f"could not start the schema registry:\n{exc}", pytrace=False)
+    pytestconfig.stash.setdefault(_STARTUPS, []).append(
+        f"schema_registry: ready in {registry.startup_seconds:.1f} s")
+    with registry:
+        yield registry
 
 
 # ------------------------------------------------------------------------------- names

@@ -38,10 +38,10 @@ from service.backfill.report import Outcome
 from service.backfill.session import spark_session
 from service.backfill.specs import FileSource, KafkaSource, ParquetSink
 from service.backfill.topic_map import missing_problem, unmapped_problem
-from service.contract.loading import load_transform
 from service.contract.processing import process
 from service.contract.records import Record
 from service.errors import ConfigError, PoisonRecordError
+from service.formats.load import load_formatted
 
 log = logging.getLogger("txstage.backfill")
 
@@ -71,7 +71,7 @@ def run(config: JobConfig) -> int:
 
 def execute(config: JobConfig) -> Outcome:
     started = time.monotonic()
-    load_transform(config.transform)  # unloadable → ConfigError before Spark starts
+    load_formatted(config.transform, config.settings)  # unloadable → ConfigError first
     if isinstance(config.source, KafkaSource):
         return _from_kafka(config, config.source, started)
     return _from_files(config, config.source, started)
@@ -164,7 +164,9 @@ def _sampled_topics(config: JobConfig, admin: AdminClient | None,
                     sample: Iterable[Record]) -> dict[str, str]:
     """``topic -> the input that first wrote to it`` over ``sample``, the transform run as
     the tasks run it."""
-    run = functools.partial(process, load_transform(config.transform),
+    transform = load_formatted(config.transform, config.settings,
+                               config.topics.live(config.output_topic))
+    run = functools.partial(process, transform,
                             default_topic=config.output_topic, dlq_topic=config.dlq_topic,
                             max_bytes=lambda _topic: tasks.UNLIMITED)
     seen: dict[str, str] = {}

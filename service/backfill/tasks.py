@@ -24,9 +24,9 @@ from service.backfill.plan import Slice, transactional_id
 from service.backfill.progress import SliceProgress
 from service.backfill.slice_writer import Process, Read, SliceOutcome, SliceTask, SliceWriter
 from service.backfill.topic_map import TopicMap, UnmappedTopicError
-from service.contract.loading import load_transform
 from service.contract.processing import process
 from service.contract.records import Record
+from service.formats.load import load_formatted
 from service.kafka.cluster import Cluster, OutputLimits
 from service.kafka.config import admin_config, producer_config
 from service.kafka.producer import PinnedProducer
@@ -91,9 +91,14 @@ def slice_indexes(batches: Iterable[pa.RecordBatch]) -> Iterator[int]:
         yield from batch.column("slice").to_pylist()
 
 
-@functools.cache
-def _transform(ref: str) -> Any:
-    return load_transform(ref)
+_transforms: dict[str, Any] = {}  # per worker process, by reference
+
+
+def _transform(spec: Processing) -> Any:
+    if spec.transform not in _transforms:
+        _transforms[spec.transform] = load_formatted(spec.transform, spec.settings,
+                                                     spec.topics.live(spec.default_topic))
+    return _transforms[spec.transform]
 
 
 # Per worker process (Spark reuses it across tasks and jobs), by bootstrap servers and
@@ -115,7 +120,7 @@ def processor(spec: Processing) -> Process:
     tuned as the stage's is, once)."""
     interpreter.tune_gc()
     return spec.topics.applied(functools.partial(
-        process, _transform(spec.transform), default_topic=spec.default_topic,
+        process, _transform(spec), default_topic=spec.default_topic,
         dlq_topic=spec.dlq_topic, max_bytes=_mapped_limits(spec)))
 
 

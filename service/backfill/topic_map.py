@@ -87,6 +87,11 @@ class TopicMap:
         return "named" if topic in self.keep else "--topic-map" if topic in self.named else \
             f"--topic-suffix {self.suffix}" if self.suffix else "kept"
 
+    def live(self, sink: str) -> str:
+        """The stage's topic written to ``sink`` (``sink`` when none): its schema
+        registry subject is the one a backfill encodes for, as the stream does."""
+        return next((topic for topic, mapped in self.named.items() if mapped == sink), sink)
+
     def targets(self) -> set[str]:
         """The sink topics named up front (suffixed ones are known once seen)."""
         return {*self.keep, *self.named.values()}

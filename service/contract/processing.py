@@ -29,6 +29,9 @@ class TopicLimitPending(TxstageError):
     def __init__(self, topic: str) -> None:
         self.topic = topic
         self.outputs: list[Output] | None = None
+        # What the stage runs beside the loop instead of looking the topic up (a schema
+        # registry lookup: service.formats); None: the topic's limits.
+        self.lookup: Callable[[], object] | None = None
         super().__init__(f"the limits of topic {topic!r} are being looked up")
 
 

@@ -274,6 +274,19 @@ def port_open(port: int) -> bool:
         return sock.connect_ex((HOST, port)) == 0
 
 
+def adopt(proc: subprocess.Popen[bytes]) -> None:
+    """Kill ``proc``'s process group when this interpreter exits (the local registry's
+    JVM too)."""
+    with _CHILDREN_LOCK:
+        _CHILDREN.add(proc)
+
+
+def release(proc: subprocess.Popen[bytes]) -> None:
+    """``proc`` has exited or was stopped: nothing to kill at exit."""
+    with _CHILDREN_LOCK:
+        _CHILDREN.discard(proc)
+
+
 @atexit.register
 def _kill_children() -> None:
     with _CHILDREN_LOCK:

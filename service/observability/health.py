@@ -77,6 +77,11 @@ class Health:
         self._group = _Group(fatal_reason=None, joined=False, assigned=None, ready=0)
         # TXSTAGE_WORKERS: how many transform workers are alive (None: in-process).
         self.workers_alive: Callable[[], int] | None = None
+        self._waiting_for: str | None = None  # a service the records wait for (a registry)
+
+    def waiting_for(self, service: str | None) -> None:
+        """Records wait for ``service`` (None: no longer): not ready meanwhile."""
+        self._waiting_for = service
 
     def beat(self) -> None:
         """Record that the consumer loop iterated (cheap: one time store)."""
@@ -130,6 +135,8 @@ class Health:
             return False, {"status": "initializing_producers", **counts}
         if self.workers_alive is not None and not self.workers_alive():
             return False, {"status": "no_transform_worker", **counts}
+        if self._waiting_for is not None:
+            return False, {"status": "waiting", "for": self._waiting_for, **counts}
         return True, {"status": "ok", **counts}
 
 

@@ -153,6 +153,11 @@ class Metrics:
             "Pinned producers fenced by a newer owner of their transactional.id",
             registry=registry,
         )
+        self.schema_registry_up = Gauge(
+            "txstage_schema_registry_up",
+            "1 while the schema registry answers (or none is used), 0 while partitions wait "
+            "for it", registry=registry)
+        self.schema_registry_up.set(1)
         self.fetch_stalls = Counter(
             "txstage_fetch_stalls",
             "Partitions found unfetched though Kafka held committed records past their "

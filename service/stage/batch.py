@@ -294,6 +294,8 @@ class Batch(Holding):
             outputs = exc.outputs if exc.outputs is not None else yielded
             if outputs is not None:
                 partition.saved[msg.offset()] = outputs  # type: ignore[index]
+            if exc.lookup is not None:  # not a topic: the schema registry (formats)
+                self._lookups[exc.topic] = exc.lookup
             self.dispatch(partition, sm.TopicUnknown(exc.topic))
             self._hold(partition, msg)
 

@@ -20,7 +20,7 @@ import contextlib
 import math
 import time
 from collections import Counter as Tally
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 
 import structlog
@@ -87,6 +87,7 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
         self.partitions: dict[TopicPartitionKey, Partition] = {}
         self.recorded: list[BaseException] = []
         self._topic_lookups: dict[str, Future[object]] = {}
+        self._lookups: dict[str, Callable[[], object]] = {}  # TopicLimitPending.lookup
         self._produced: Tally[str] = Tally()
         self._next_housekeeping = 0.0
         self._batch = 0  # consume() calls so far

@@ -41,6 +41,7 @@ class LoopState:
     partitions: dict[TopicPartitionKey, Partition]
     recorded: list[BaseException]
     _topic_lookups: dict[str, Future[object]]
+    _lookups: dict[str, Callable[[], object]]
     _produced: Tally[str]
     _next_housekeeping: float
     _batch: int

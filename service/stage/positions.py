@@ -244,4 +244,5 @@ class Positions(LoopState):
     def _lookup_topic(self, partition: Partition, topic: str) -> None:
         partition.waiting_topic = topic
         if topic not in self._topic_lookups:
-            self._topic_lookups[topic] = self.jobs.submit(lambda: self.limits.resolve(topic))
+            lookup = self._lookups.pop(topic, None) or (lambda: self.limits.resolve(topic))
+            self._topic_lookups[topic] = self.jobs.submit(lookup)

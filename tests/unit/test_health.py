@@ -274,3 +274,15 @@ def test_close_frees_the_port(health: Health) -> None:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
     again = serve(port, CollectorRegistry(), health, host="127.0.0.1")
     again.close()
+
+
+def test_records_waiting_for_a_service_make_the_replica_not_ready() -> None:
+    health = Health()
+    health.joined(True)
+    health.partitions(assigned=2, ready=2)
+    assert health.readiness()[0]
+    health.waiting_for("schema registry")
+    ready, detail = health.readiness()
+    assert not ready and detail["status"] == "waiting" and detail["for"] == "schema registry"
+    health.waiting_for(None)
+    assert health.readiness()[0]

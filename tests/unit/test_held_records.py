@@ -61,3 +61,40 @@ def test_a_record_held_again_after_a_commit_is_not_transformed_twice() -> None:
         time.sleep(0.01)
     assert committer.written == [0, 1, 2, 3, 4, 5]
     assert calls == {offset: 1 for offset in range(6)}
+
+
+def test_a_lookup_of_its_own_runs_instead_of_a_topics() -> None:
+    """A pending record that says how to wait (a schema registry that did not answer:
+    service.formats) is held while that runs beside the loop, not a topic lookup."""
+    registry_up = threading.Event()
+    waited: list[str] = []
+
+    def wait_for_registry() -> bool:
+        waited.append("registry")
+        return registry_up.wait(10)
+
+    def transform(record: Record) -> Iterator[Output]:
+        if record.offset == 2 and not registry_up.is_set():
+            pending = TopicLimitPending("schema registry: schema id 7")
+            pending.lookup = wait_for_registry
+            raise pending
+        yield Output(b"v")
+
+    def no_topic_lookup(topic: str) -> None:
+        raise AssertionError(f"looked up {topic!r} as a topic")
+
+    consumer = ScriptedConsumer(batches=[batch(0, 4)])
+    loop, committer, partition = make_loop(consumer)
+    loop.transform = transform
+    loop.limits = SimpleNamespace(lookup=lambda topic: 1_000_000,  # type: ignore[assignment]
+                                  resolve=no_topic_lookup)
+    positioned(loop, partition, 0)
+    loop.iterate()
+    assert [m.offset() for m in partition.held] == [2, 3, 4]
+    registry_up.set()
+    deadline = time.monotonic() + 5
+    while partition.held and time.monotonic() < deadline:
+        loop.settle(time.monotonic())
+        time.sleep(0.01)
+    assert waited == ["registry"]
+    assert committer.written == [0, 1, 2, 3, 4]

@@ -193,3 +193,22 @@ def test_dotenv_carries_passthrough_and_the_environment_wins(
     settings = load_settings()
     assert settings.kafka["sasl.username"].get_secret_value() == "from-dotenv"
     assert settings.group_id == "env-group"
+
+
+def test_workers_with_a_registry_format_is_refused_naming_both() -> None:
+    # The codecs decode and encode in the main process; a worker would get the wire
+    # bytes and its outputs would never be encoded.
+    from service.errors import ConfigError
+    from service.settings import load_settings
+
+    env = {"TXSTAGE_BOOTSTRAP_SERVERS": "k:9092", "TXSTAGE_GROUP_ID": "g",
+           "TXSTAGE_INPUT_TOPICS": "in", "TXSTAGE_OUTPUT_TOPIC": "out",
+           "TXSTAGE_TRANSFORM": "service.examples.square:square", "TXSTAGE_WORKERS": "2",
+           "TXSTAGE_INPUT_VALUE_FORMAT": "json"}
+    try:
+        load_settings(env)
+    except ConfigError as exc:
+        assert any("TXSTAGE_WORKERS=2 runs only a bytes transform" in p
+                   for p in exc.problems), exc.problems
+    else:
+        raise AssertionError("accepted")

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from service.arguments import Parser
 from service.backfill.specs import Timestamp, parse_bound
-from service.contract.loading import load_transform
 from service.exit_codes import ExitCode
+from service.formats.load import load_formatted
 from service.kafka.config import admin_config
 from service.tools.audit.run import audit
 from service.tools.common import run_tool, tool_settings
@@ -88,7 +88,7 @@ def _audit(args: argparse.Namespace) -> int:
     settings = tool_settings()
     start = (Timestamp(round((time.time() - args.last) * 1000)) if args.last is not None
              else parse_bound(args.start, "--from"))
-    transform = load_transform(settings.transform)
+    transform = load_formatted(settings.transform, settings)
     outputs = [settings.output_topic, *([settings.dlq_topic] if settings.dlq_topic else []),
                *args.extra_output_topic]
     report = audit(config=admin_config(settings), group_id=settings.group_id,

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from service.arguments import Parser
 from service.backfill.specs import Timestamp, parse_bound
 from service.contract.letters import parking_topic_of
-from service.contract.loading import load_transform
 from service.errors import ConfigError
 from service.exit_codes import ExitCode
+from service.formats.load import load_formatted
 from service.kafka.cluster import Cluster, OutputLimits
 from service.kafka.config import admin_config, producer_config
 from service.preflight import sized_max_bytes
@@ -129,7 +129,7 @@ def _redrive(args: argparse.Namespace) -> int:
     report = redrive(producer_config=producer_config(
                          settings, tid, message_max_bytes=limits.producer_max_bytes),
                      admin_config=admin_config(settings), dlq_topic=settings.dlq_topic,
-                     transform=load_transform(settings.transform),
+                     transform=load_formatted(settings.transform, settings),
                      default_topic=settings.output_topic, prefix=settings.id_prefix,
                      letter_filter=letter_filter, max_bytes=limits.lookup,
                      dry_run=args.dry_run, batch=args.batch, timeout_s=args.timeout,
