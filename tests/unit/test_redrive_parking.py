@@ -285,7 +285,7 @@ def test_a_parking_topic_redriven_may_name_itself_as_its_parking_topic(
         "L", (), {"lookup": None, "producer_max_bytes": 1_000_000}))
     monkeypatch.setattr(cli, "Cluster", lambda *args: None)
     monkeypatch.setattr(cli, "sized_max_bytes", lambda *args: 1_000_000)
-    monkeypatch.setattr(cli, "load_transform", lambda name: copy)
+    monkeypatch.setattr(cli, "load_formatted", lambda name, settings: copy)
     assert cli.main(["--parking-topic", "dlq.parked"]) == 0
     assert taken["parking_topic"] == taken["dlq_topic"] == "dlq.parked"
 
