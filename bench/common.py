@@ -48,19 +48,41 @@ class ProcStatus:
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pids: Iterable[int]) -> float | None:
+def cpu_seconds(pids: Iterable[int], proc: Path = Path("/proc")) -> float | None:
     """User + system CPU of ``pids`` and their reaped children (``/proc/<pid>/stat``
     utime, stime, cutime, cstime); None when one is gone or there is none."""
     total = 0
     pids = list(pids)
     for pid in pids:
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            stat = (proc / str(pid) / "stat").read_text()
         except OSError:
             return None
         fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 on
         total += sum(int(v) for v in fields[11:15])
     return total / _CLOCK_TICKS if pids else None
+
+
+def process_tree(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """``pid`` and its descendants, parents first (each thread's
+    ``/proc/<pid>/task/<tid>/children``: a process started by any thread of its
+    parent)."""
+    tree, queue = [], [pid]
+    while queue:
+        current = queue.pop(0)
+        tree.append(current)
+        with contextlib.suppress(OSError):
+            for task in sorted((proc / str(current) / "task").iterdir()):
+                with contextlib.suppress(OSError):
+                    queue += [int(c) for c in (task / "children").read_text().split()]
+    return tree
+
+
+def tree_cpu_seconds(pids: Iterable[int], proc: Path = Path("/proc")) -> float | None:
+    """``cpu_seconds`` of each of ``pids`` and all their descendants (a stage's worker
+    processes, which the main process's own figure leaves out until it reaps them);
+    None when one ended between the listing and the reading."""
+    return cpu_seconds([p for pid in pids for p in process_tree(pid, proc)], proc)
 
 
 # What a process's CPU is spent on, by thread: its main thread (the stage's and the

@@ -62,6 +62,7 @@ from bench.common import (
     thread_cpu,
 )
 from bench.transforms import identity
+from service.contract.records import Transform
 from service.kafka.reading import HangingTransactionError
 from service.tools.verify import verify
 from tests.harness.replica import Replica
@@ -211,7 +212,7 @@ def with_broker_idle_rate(w: Workload, seconds: float = 3.0) -> Workload:
 
 
 def _process(w: Workload, mode: str, group: str, output: str,
-             argv: Sequence[str] | None) -> Replica:
+             argv: Sequence[str] | None, log_suffix: str = "") -> Replica:
     settings = {
         "TXSTAGE_BOOTSTRAP_SERVERS": w.bootstrap, "TXSTAGE_GROUP_ID": group,
         "TXSTAGE_INPUT_TOPICS": w.topic, "TXSTAGE_OUTPUT_TOPIC": output,
@@ -226,7 +227,8 @@ def _process(w: Workload, mode: str, group: str, output: str,
     settings["TXSTAGE_METRICS_PORT"] = str(port)
     if argv is None:
         argv = ("-m", "bench.bare") if mode == "bare" else ("-m", "service", "run")
-    return Replica.standalone(mode, stage_env(settings), w.log_dir / f"{group}.log", port, argv)
+    return Replica.standalone(mode, stage_env(settings), w.log_dir / f"{group}{log_suffix}.log",
+                              port, argv)
 
 
 def _poll(condition: Callable[[], bool], proc: Replica, timeout: float, period: float,
@@ -391,11 +393,12 @@ def _read_metrics(result: ModeResult, text: str) -> None:
     result.pinned_producers = None if pinned is None else int(pinned)
 
 
-def _verify(result: ModeResult, w: Workload, group: str, output: str) -> None:
+def _verify(result: ModeResult, w: Workload, group: str, output: str,
+            transform: Transform = identity) -> None:
     """Lineage check (V1-V5) of what was measured; must be clean for exactly-once."""
     try:
         report = verify(w.bootstrap, input_topics=[w.topic], output_topics=[output],
-                        group_id=group, transform=identity, default_topic=output,
+                        group_id=group, transform=transform, default_topic=output,
                         timeout_s=120)
     except HangingTransactionError as exc:
         result.verified, result.problems = False, [f"V5 hanging transaction: {exc}"]

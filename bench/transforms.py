@@ -23,3 +23,25 @@ def identity_failing_every_hundredth(record: Record) -> Iterator[Output]:
         if number.isdigit() and int(number) % 100 == 0:
             raise ValueError(f"record {int(number)} is a multiple of 100")
     yield Output(value=record.value, key=record.key)
+
+
+# sha256 rounds of sha256_heavy: with its JSON, ~150 µs a record of 1 KB on the 2-core
+# box (python -m bench.workers --calibrate measures it)
+HEAVY_ROUNDS = 390
+
+
+def sha256_heavy(record: Record) -> Iterator[Output]:
+    """A CPU-bound transform of ~150 µs a record, pure and deterministic: the value as a
+    JSON document, hashed ``HEAVY_ROUNDS`` times, and a JSON output with the digest."""
+    import hashlib
+    import json
+
+    value = record.value or b""
+    document = json.loads(json.dumps({"key": (record.key or b"").decode("latin-1"),
+                                      "value": value.decode("latin-1"),
+                                      "offset": record.offset}))
+    digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).digest()
+    for _ in range(HEAVY_ROUNDS):
+        digest = hashlib.sha256(digest).digest()
+    yield Output(value=json.dumps({"key": document["key"], "digest": digest.hex(),
+                                   "size": len(value)}).encode(), key=record.key)
