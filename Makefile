@@ -70,6 +70,12 @@ bench-budget: install
 bench-tools: install
 	$(PY) -m bench.operator_tools $(TOOLS_ARGS)
 
+# TXSTAGE_WORKERS against in-process and two replicas (bench/workers.py), e.g.
+# make bench-workers WORKERS_ARGS="--bootstrap 127.0.0.1:9092 --records 100000"
+WORKERS_ARGS ?=
+bench-workers: install
+	$(PY) -m bench.workers $(WORKERS_ARGS)
+
 # A chaos campaign (tests/chaos/campaign.py), e.g.
 # make chaos CHAOS_ARGS="--seed 7 --duration 300 --nodes 3 --group-protocol consumer"
 chaos: install

@@ -44,6 +44,7 @@ from bench.common import (
 )
 from bench.throughput import (
     POLL_S,
+    STEADY,
     VARIANT,
     ModeResult,
     Workload,
@@ -136,6 +137,28 @@ def _alive(procs: Sequence[Replica], condition: Callable[[], bool]) -> Callable[
     return check
 
 
+def _has_partitions(proc: Replica) -> bool:
+    answer = proc.answer("/readyz", 0.5)
+    return answer is not None and answer[0] == 200 and \
+        (json.loads(answer[1]).get("assigned") or 0) > 0
+
+
+def group_steady_rate(progress: Sequence[tuple[float, int]], records: int,
+                      since: float) -> float | None:
+    """``steady_rate`` (10 to 90 % committed), but from ``since`` when that is later: a
+    group's replicas started together do not join together, and until the last one
+    has partitions the first works alone. Then the rate is from the first poll at or
+    after ``since`` to the first at or past 90 %."""
+    later = [(when, done) for when, done in progress if when >= since]
+    if not later or later[0][1] <= STEADY[0] * records:
+        return steady_rate(progress, records)
+    start = later[0]
+    end = next(((when, done) for when, done in later if done >= STEADY[1] * records), None)
+    if end is None or end[0] <= start[0]:
+        return None
+    return round((end[1] - start[1]) / (end[0] - start[0]), 1)
+
+
 def _busy_seconds(procs: Sequence[Replica]) -> float:
     return sum(metric_value(p.scrape(), "txstage_worker_busy_seconds") or 0.0 for p in procs)
 
@@ -157,8 +180,7 @@ def measure_row(w: Workload, row: Row, tag: str = "") -> RowResult:
         for proc in procs:
             proc.start()
         try:
-            for proc in procs:
-                _poll(_alive(procs, _ready(proc)), proc, 120, 0.02, "readiness")
+            _poll(_alive(procs, _ready(procs[0])), procs[0], 120, 0.02, "readiness")
             first = _poll(_alive(procs, lambda: sum(probe.end_offsets(out_keys).values()) > 0),
                           procs[0], FIRST_OUTPUT_S, 0.02, "first output")
             pids = [p.pid for p in procs]
@@ -166,10 +188,13 @@ def measure_row(w: Workload, row: Row, tag: str = "") -> RowResult:
             tree_first, threads_first = tree_cpu_seconds(pids), thread_cpu(pids[0])
             busy_first = _busy_seconds(procs)
             progress: list[tuple[float, int]] = []
+            since: list[float] = []  # when every replica first had partitions
 
             def all_committed() -> bool:
                 left = behind(w.ends, probe.committed(w.ends))
                 progress.append((time.monotonic(), w.records - left))
+                if not since and all(map(_has_partitions, procs)):
+                    since.append(progress[-1][0])
                 return left == 0
             done = _poll(_alive(procs, all_committed), procs[0], w.timeout_s, POLL_S,
                          "all inputs committed")
@@ -186,7 +211,9 @@ def measure_row(w: Workload, row: Row, tag: str = "") -> RowResult:
                        startup_s=0.0, exit_code=max(codes), log=str(procs[0].log_path),
                        loadavg_1m=round(load, 2), output_topic=output, workers=row.workers,
                        replicas=row.replicas, exit_codes=codes)
-    result.steady_records_per_s = steady_rate(progress, w.records)
+    if not since:
+        raise RuntimeError(f"{row.name}: a replica never had partitions while it ran")
+    result.steady_records_per_s = group_steady_rate(progress, w.records, since[0])
     _cpu(result, w, cpu_first, cpu_done)
     if tree_first is not None and tree_done is not None:
         result.tree_cpu_s_per_100k = round((tree_done - tree_first) * per_100k, 3)
