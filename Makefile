@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 CHAOS_ARGS ?=
 
-.PHONY: install test unit integration lint kafka-up kafka-down registry-up registry-down demo bench bench-latency bench-failover bench-budget chaos image image-test bench-tools clean
+.PHONY: install test unit integration lint kafka-up kafka-down registry-up registry-down demo bench bench-latency bench-failover bench-budget chaos image image-test bench-tools bench-workers clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
