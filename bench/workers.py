@@ -340,7 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     say, run_id, log_dir, info = start_run("txstage-bench-workers", json_output=args.json)
     costs = {name: transform_cost_us(t, args.value_bytes) for name, t in TRANSFORMS.items()}
     say(f"txstage bench workers {run_id}: {args.records:,} records x {args.value_bytes} B, "
-        f"{args.partitions} partitions, {info['cpus']} CPUs, load {info['loadavg_at_start']}; "
+        f"{args.partitions} partitions, {info['cpus']} CPUs, load {info['loadavg_at_start']}, "
+        f"code {info['code']}; "
         f"transform µs a call here: {costs}; logs in {log_dir}")
     rounds: list[dict[str, RowResult]] = []
     with broker(args.bootstrap, say) as bootstrap:
