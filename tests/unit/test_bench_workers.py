@@ -45,3 +45,24 @@ def test_ratios_of_the_rows_that_finished() -> None:
     assert found["heavy_w2_over_w0"] == pytest.approx(1.3)
     assert math.isnan(found["identity_main_cpu_w2_over_w0"])
     assert not results["identity_w2"].clean
+
+
+def test_the_report_of_a_round_with_a_row_that_did_not_finish(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+    import json
+
+    from bench.workers import report
+
+    results = {r.name: row(r.name, rate=1000.0, cpu=1.0) for r in ROWS}
+    for r in results.values():
+        r.verified = True
+    results["identity_w2"] = row("identity_w2", error="no first output after 60 s")
+    code = report(argparse.Namespace(json=True), {"cpus": 2}, {"heavy": 140.0}, [results])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 1 and summary["exactly_once_verified"] is False
+    assert summary["rounds"][0]["identity_w2"]["error"] == "no first output after 60 s"
+    assert report(argparse.Namespace(json=False), {}, {"heavy": 140.0}, [results]) == 1
+    text = capsys.readouterr().out
+    assert "identity_w2      did not finish: no first output after 60 s" in text
+    assert "heavy_w2_over_w0                1.000  (target >= 1.2: NOT met)" in text
