@@ -153,7 +153,7 @@ def test_check_config_names_the_one_missing_permission_and_exits_2(
 
 def test_run_exits_2_naming_a_missing_transactional_id_permission(
         secured_stage: SecuredStage) -> None:
-    grant = secured_stage.grants[-1]
+    grant = secured_stage.grants[_GRANTS.index("transactional WRITE")]
     secured_stage.revoke(grant)
     result = secured_stage.command("run")
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr
