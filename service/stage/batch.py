@@ -73,8 +73,13 @@ class Batch(Holding):
         held by its partitions, in order, for the next iterations (``_hand_back``)."""
         partitions = self.partitions
         transform, max_bytes = self.transform, self.limits.lookup
-        if saved:  # what the transform yielded already, in a worker or before a hold
-            transform = _replaying(saved, transform)
+        # What the transform yielded already: with workers, every record's, replayed in
+        # runs; in-process, a held record's (an output topic was looked up), each
+        # checked and written on its own by ``_one``, as the first record after any
+        # pause (its transaction opens as it is written, not at the run's end).
+        replayed = bool(saved) and self.pool is not None
+        if replayed:
+            transform = _replaying(saved, transform)  # type: ignore[arg-type]
         default_topic, dlq_topic = self.settings.output_topic, self.settings.dlq_topic or None
         observe, clock = self._transform_seconds, time.monotonic
         produced, watch = self._produced, self.watch  # watch: TXSTAGE_TRANSFORM_TIMEOUT_MS
@@ -108,7 +113,7 @@ class Batch(Holding):
             if partition is not owner:
                 consumed += self._write_run(owner, run, now)
                 owner = None
-                if not partition.flowing or partition.held:
+                if not partition.flowing or partition.held or (saved and not replayed):
                     consumed += self._one(partition, msg, now, saved)
                     finished = clock()
                     continue
