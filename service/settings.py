@@ -108,7 +108,7 @@ class Settings(FormatSettings, BaseSettings):
     group_protocol: GroupProtocol = "classic"
     commit_interval_ms: int = Field(100, gt=0)
     commit_max_records: int = Field(5000, gt=0)
-    max_transactions_per_s: float = Field(100.0, ge=0)  # the replica's; 0: no budget
+    max_transactions_per_s: float = Field(0.0, ge=0)  # the replica's; 0: no budget
     dlq_topic: str = ""
     transactional_id_prefix: str = ""
     transaction_timeout_ms: int = Field(60_000, gt=0)
