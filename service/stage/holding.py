@@ -33,8 +33,9 @@ class Holding(LoopState):
         processed first once the loop has been back to consume()."""
         partitions = self.partitions
         for msg in chain((first,), rest):
-            if msg.error() is not None:
-                self._consume_error(msg.error(), msg)  # type: ignore[arg-type]
+            error = msg.error()
+            if error is not None:
+                self._consume_error(error, msg)
                 continue
             partition = partitions.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
             if partition is None or self._stale(partition, msg.offset()):  # type: ignore[arg-type]

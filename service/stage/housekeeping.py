@@ -56,6 +56,8 @@ class Housekeeping(LoopState):
         """TXSTAGE_MAX_TRANSACTIONS_PER_S: the commit interval for the partitions busy
         now (stage/budget.py), applied from the next due time on."""
         policy = self.policy
+        if not self.settings.max_transactions_per_s and not policy.stretched_interval_s:
+            return  # no budget (the default): nothing to count
         busy = sum(1 for p in self.partitions.values()
                    if p.state.txn is not None or now - p.committed_at < BUSY_FOR_S)
         interval = budgeted_interval(policy.commit_interval_s, busy,
