@@ -1,9 +1,8 @@
 """Helpers shared by the benchmark and the demo: the environment of stage processes,
 /proc readings, /metrics parsing, topics and offsets. Plain functions over a bootstrap
 string; no test framework. The broker itself comes from the package
-(:mod:`service.local_kafka`); a stage process is the tests' own
-:class:`tests.harness.replica.Replica` (``Replica.standalone``), which needs nothing
-of the test suite but that module."""
+(:mod:`service.local_kafka`); a stage process is a :class:`bench.replica.Replica`.
+Nothing here imports the test suite, which the wheel does not ship."""
 
 from __future__ import annotations
 

@@ -34,10 +34,10 @@ from bench.common import (
     stage_env,
 )
 from bench.keyboard import ctrl_c_as_a_key
+from bench.replica import Replica
 from service.examples.square import square
 from service.kafka.reading import HangingTransactionError
 from service.tools.verify import Report, verify
-from tests.harness.replica import Replica
 
 BOOTSTRAP = "127.0.0.1:9092"
 INPUT, OUTPUT, DLQ = "txstage-demo-in", "txstage-demo-out", "txstage-demo-dlq"
@@ -161,8 +161,8 @@ def start_replicas(first_port: int) -> list[Replica]:
             "TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
             "TXSTAGE_CONSUMER__HEARTBEAT_INTERVAL_MS": "1000",
         })
-        replicas.append(Replica.standalone(f"replica-{n}", env, LOG_DIR / f"replica-{n}.log",
-                                           port).start())
+        replicas.append(Replica(f"replica-{n}", env, LOG_DIR / f"replica-{n}.log",
+                                port).start())
     return replicas
 
 

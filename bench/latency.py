@@ -38,8 +38,8 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer
 
 from bench.common import ensure_topics, free_port, histogram, stage_env
+from bench.replica import Replica
 from bench.throughput import broker
-from tests.harness.replica import Replica
 
 STAMP_DIGITS = 19  # time.time_ns() until the year 2286
 
@@ -105,8 +105,8 @@ def _replica(args: argparse.Namespace, bootstrap: str, run_id: str, topic: str, 
     }
     if args.group_protocol == "classic":
         settings["TXSTAGE_CONSUMER__SESSION_TIMEOUT_MS"] = str(args.session_timeout_ms)
-    return Replica.standalone(f"replica-{number}", stage_env(settings),
-                              log_dir / f"replica-{number}.log", port).start()
+    return Replica(f"replica-{number}", stage_env(settings),
+                   log_dir / f"replica-{number}.log", port).start()
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.common import REPO_ROOT, ensure_topics, free_port, stage_env
+from bench.replica import Replica
 from bench.throughput import broker, prefill
 from service.tools.verify import committed_offsets, end_offsets
-from tests.harness.replica import Replica
 
 TRANSFORM = "bench.transforms:identity_failing_every_hundredth"
 
@@ -76,8 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "TXSTAGE_LOG_LEVEL": "WARNING"})
         with tempfile.TemporaryDirectory() as logs:
             port = free_port()
-            stage = Replica.standalone("stage", {**env, "TXSTAGE_METRICS_PORT": str(port)},
-                                       Path(logs) / "stage.log", port).start()
+            stage = Replica("stage", {**env, "TXSTAGE_METRICS_PORT": str(port)},
+                            Path(logs) / "stage.log", port).start()
             began = time.monotonic()
             ends = end_offsets(bootstrap, [topics["in"]])
             while any(committed_offsets(bootstrap, f"ops-{run}", [topics["in"]]).get(k, -1) < e

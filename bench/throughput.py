@@ -61,11 +61,11 @@ from bench.common import (
     stage_env,
     thread_cpu,
 )
+from bench.replica import Replica
 from bench.transforms import identity
 from service.contract.records import Transform
 from service.kafka.reading import HangingTransactionError
 from service.tools.verify import verify
-from tests.harness.replica import Replica
 
 MODES = ("exactly_once", "at_least_once", "bare")
 VARIANT = "exactly_once_variant"  # --variant: exactly-once with other settings
@@ -227,8 +227,8 @@ def _process(w: Workload, mode: str, group: str, output: str,
     settings["TXSTAGE_METRICS_PORT"] = str(port)
     if argv is None:
         argv = ("-m", "bench.bare") if mode == "bare" else ("-m", "service", "run")
-    return Replica.standalone(mode, stage_env(settings), w.log_dir / f"{group}{log_suffix}.log",
-                              port, argv)
+    return Replica(mode, stage_env(settings), w.log_dir / f"{group}{log_suffix}.log",
+                   port, argv)
 
 
 def _poll(condition: Callable[[], bool], proc: Replica, timeout: float, period: float,

@@ -42,6 +42,7 @@ from bench.common import (
     thread_cpu,
     tree_cpu_seconds,
 )
+from bench.replica import Replica
 from bench.throughput import (
     POLL_S,
     STEADY,
@@ -62,7 +63,6 @@ from bench.throughput import (
 )
 from bench.transforms import identity, sha256_heavy
 from service.contract.records import Record, Transform
-from tests.harness.replica import Replica
 
 FIRST_OUTPUT_S = 60.0  # from ready: a row with no output by then is stuck
 TRANSFORMS: dict[str, Transform] = {"heavy": sha256_heavy, "identity": identity}

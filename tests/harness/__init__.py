@@ -3,7 +3,7 @@
 feature: :mod:`service.local_kafka`.
 
 - ``kafka``: ``KafkaService`` / ``RunningKafka`` (what the ``kafka`` fixture hands out)
-- ``replica``: ``Replica``, one stage as a real process (tests and benchmarks alike)
+- ``replica``: ``Replica``, one stage as a real process (on :mod:`bench.replica`)
 - ``stage``: ``StageSetup`` and ``build_stage`` (topics, group and replicas of one
   stage), waiting and input helpers
 - ``transforms``: the transforms tests name in ``TXSTAGE_TRANSFORM``

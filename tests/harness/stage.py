@@ -17,13 +17,13 @@ from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, Config
 from confluent_kafka.admin._resource import ResourceType
 from prometheus_client.parser import text_string_to_metric_families
 
+# REPO_ROOT, Replica and stage_tree are re-exported, as the tests import them from
+# here (the aliases say so to mypy).
+from bench.replica import REPO_ROOT as REPO_ROOT  # noqa: PLC0414
 from service.contract.records import Transform
 from service.examples.square import square
 from service.tools.verify import Report, committed_offsets, end_offsets, verify
 from tests.harness.admin import create_topic
-
-# Re-exported, as the tests import them from here (the alias says so to mypy).
-from tests.harness.replica import REPO_ROOT as REPO_ROOT  # noqa: PLC0414
 from tests.harness.replica import Replica as Replica  # noqa: PLC0414
 from tests.harness.replica import stage_tree as stage_tree  # noqa: PLC0414
 

@@ -94,3 +94,20 @@ def test_the_pure_state_machine_imports_no_kafka_client() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=SERVICE.parent).stdout
     assert out.strip() == "False"
+
+
+BENCH = sorted((SERVICE.parent / "bench").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", BENCH, ids=lambda p: p.name)
+def test_bench_imports_nothing_of_the_tests(path: Path) -> None:
+    # bench/ ships in the wheel, tests/ does not: an import of tests breaks an installed
+    # bench at its first line. Imports inside functions count too.
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+    of_tests = sorted(name for name in imported if name.split(".")[0] == "tests")
+    assert not of_tests, f"bench/{path.name} imports {', '.join(of_tests)}"
