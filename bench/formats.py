@@ -3,9 +3,9 @@
 identity transform) through the exactly-once stage twice, as bytes and as Avro (a
 ``Blob {id: long, body: string}`` decoded before the transform and encoded after it,
 with the registry's id, through a real Apicurio Registry). Prints records/s of each,
-the ratio and the µs a record Avro adds::
+the ratio and the µs a record Avro adds (``--repeat N``: N interleaved rounds, medians)::
 
-    python -m bench.formats --records 200000
+    python -m bench.formats --records 200000 --repeat 3
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from statistics import median
 
 import fastavro
 from confluent_kafka import Producer
@@ -83,6 +84,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--commit-interval-ms", type=int, default=100)
     p.add_argument("--warm-up", type=int, default=50_000)
     p.add_argument("--bootstrap", help="an existing broker (default: a private one)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds of bytes then Avro, interleaved; the medians are reported")
     return p.parse_args(argv)
 
 
@@ -98,17 +101,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         avro = avro_workload(plain, registry.url)
         warm_up(plain, args.warm_up, say)
         plain = with_broker_idle_rate(plain)
-        results = {"bytes": measure(plain, "exactly_once"),
-                   "avro": measure(replace(avro, broker_idle_cpu_per_s=plain.broker_idle_cpu_per_s),
-                                   VARIANT, tag="-avro")}
-    for name, result in results.items():
-        say(f"{name:5}  {result.records_per_s:>10,.0f} records/s  verified={result.verified} "
-            f"cpu {result.cpu_s_per_100k} s/100k  {'; '.join(result.problems[:2])}")
-    b, a = results["bytes"].records_per_s, results["avro"].records_per_s
-    say(f"avro / bytes = {a / b:.3f}; avro adds {1e6 / a - 1e6 / b:.2f} µs a record "
-        f"(stage CPU {results['avro'].cpu_s_per_100k} vs {results['bytes'].cpu_s_per_100k} "
-        f"s per 100k records)")
-    return 0 if all(r.verified for r in results.values()) else 1
+        rounds = []
+        for n in range(args.repeat):
+            tag = f"-r{n}" if args.repeat > 1 else ""
+            bytes_, avro_ = measure(plain, "exactly_once", tag=tag), measure(
+                replace(avro, broker_idle_cpu_per_s=plain.broker_idle_cpu_per_s),
+                VARIANT, tag=f"-avro{tag}")
+            rounds.append((bytes_, avro_))
+            for name, result in (("bytes", bytes_), ("avro", avro_)):
+                say(f"{name:5}  {result.records_per_s:>10,.0f} records/s  "
+                    f"verified={result.verified} cpu {result.cpu_s_per_100k} s/100k  "
+                    f"{'; '.join(result.problems[:2])}")
+            say(f"round {n + 1}: avro / bytes = "
+                f"{avro_.records_per_s / bytes_.records_per_s:.3f}")
+    ratio = median(a.records_per_s / b.records_per_s for b, a in rounds)
+    b_rate, a_rate = (median(pair[i].records_per_s for pair in rounds) for i in (0, 1))
+    b_cpu, a_cpu = (median(pair[i].cpu_s_per_100k or 0.0 for pair in rounds) for i in (0, 1))
+    say(f"avro / bytes = {ratio:.3f} (median of {len(rounds)}); avro adds "
+        f"{1e6 / a_rate - 1e6 / b_rate:.2f} µs a record, {(a_cpu - b_cpu) * 10:.2f} µs of "
+        f"stage CPU (medians: {a_cpu} vs {b_cpu} CPU-s per 100k records)")
+    return 0 if all(r.verified for pair in rounds for r in pair) else 1
 
 
 if __name__ == "__main__":
