@@ -140,7 +140,7 @@ class Batch(Holding):
             observe(finished - started)
             outputs, failure = result
             if failure is not None:
-                self._dead_lettered(partition, record, failure)
+                self.reporter.dead_lettered(partition, record, failure)
             run.append((record, outputs))
             position = offset + 1
             for out in outputs:
@@ -185,7 +185,7 @@ class Batch(Holding):
             if partition.batch_records:
                 self._tell_written(partition)
             if partition.state.due(aged, self.policy):
-                self._warn_near_timeout(partition, now)
+                self.reporter.warn_near_timeout(partition, now, self.policy)
                 self.dispatch(partition, sm.CommitDue(now))
         return False
 
@@ -274,7 +274,7 @@ class Batch(Holding):
         """Hand a processed record's outputs to the committer, named, and advance the
         partition's batch; False when the write failed (the state machine is told)."""
         if result.error is not None:
-            self._dead_lettered(partition, record, result.error)
+            self.reporter.dead_lettered(partition, record, result.error)
         offset = record.offset
         try:
             self.committer.write(partition.key, offset, result.outputs)

@@ -31,11 +31,11 @@ class Housekeeping(LoopState):
                 p.state.ready for p in self.partitions.values()):
             self.metrics.rebalance_seconds.observe(now - self._assigning_since)
             self._assigning_since = None
-            self.report_partitions()
+            self.reporter.partitions()
         if now < self._next_housekeeping:
             return
         self._next_housekeeping = now + _HOUSEKEEPING_EVERY_S
-        self.report_partitions()
+        self.reporter.partitions()
         self._watch_stalls(now)
         if self.fetch_watch.stall_after_s:
             self._watch_fetching(now)

@@ -54,7 +54,7 @@ from service.stage.jobs import Jobs
 from service.stage.offload import Offload
 from service.stage.partition import Partition, TopicPartitionKey
 from service.stage.positions import Positions
-from service.stage.reports import Reports
+from service.stage.reports import Reporter
 from service.stage.transform_watch import Marker
 from service.stage.workers import WorkerPool
 
@@ -67,7 +67,7 @@ _MAX_STUCK_CALLS = 4
 _BUSY_POLL_S = 0.005  # consume()'s wait while a commit runs or records are held
 
 
-class Loop(Batch, Offload, Positions, Reports, Housekeeping):
+class Loop(Batch, Offload, Positions, Housekeeping):
     """One replica's consumer loop over the partitions it owns. Its parts are
     mixins over the one object, so the hot path pays no extra indirection."""
 
@@ -104,7 +104,6 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
         self._fetch_check: tuple[dict[TopicPartitionKey, int], Future[object]] | None = None
         self.describe_requested = False  # set by SIGUSR1: log every partition's state
         self.stopping = False  # set by Stage.stop (a signal): the batch ends at the next record
-        self._warned_near_timeout = False
         # A waiting phase lasting longer than a transaction could is worth a warning.
         self._stalled_after_s = max(policy.transaction_timeout_s, 30.0) + 30.0
         self._no_offset = OFFSET_END if settings.starts_at_end else OFFSET_BEGINNING
@@ -114,6 +113,9 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
         # Read at scrape time, so it grows while the loop is stuck between two polls.
         metrics.seconds_since_poll.set_function(lambda: time.monotonic() - self.polled_at)
         self.watch = Marker()
+        # The committer as it is when a line is logged (a test may replace it).
+        self.reporter = Reporter(metrics, health, self.partitions,
+                                 lambda key: self.committer.transactional_id(key))  # noqa: PLW0108
         self.overruns = None  # the Stage's, when TXSTAGE_TRANSFORM_TIMEOUT_MS is on
 
     def iterate(self) -> None:
@@ -155,7 +157,7 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
             if self.partitions.get(partition.key) is partition:
                 self.dispatch(partition, event)  # type: ignore[arg-type]
             else:
-                self._abandoned(partition, event)  # type: ignore[arg-type]
+                self.reporter.abandoned(partition, event)
         for key, reported in self.committer.poll(now):
             owner = self.partitions.get(key)
             if owner is not None:
@@ -199,7 +201,7 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
                 self._tell_end(partition, now)
                 state = partition.state
             if state.due(now, policy):
-                self._warn_near_timeout(partition, now)
+                self.reporter.warn_near_timeout(partition, now, policy)
                 self.dispatch(partition, sm.CommitDue(now))
             elif state.resume_at is not None or state.fenced_at is not None:
                 self.dispatch(partition, sm.Tick(now))
@@ -215,7 +217,7 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
             self._tell_written(partition)
         error = getattr(event, "error", None)
         if isinstance(error, KafkaOperationError):
-            self._error_metric(error)
+            self.reporter.kafka_error(error)
         if (isinstance(error, KafkaOperationError) and error.code in LOOK_AGAIN) or any(
                 f.code in LOOK_AGAIN for f in getattr(event, "failures", ())):
             self.limits.forget()  # was an output topic deleted? look each one up again
@@ -284,7 +286,7 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
             case sm.Fail(error):
                 raise error
             case _:
-                self._report(partition, action)
+                self.reporter.report(partition, action, self.policy)
 
     def _run(self, partition: Partition, work: object) -> None:
         """A committer answer: an event now, or a job to run beside the loop."""
@@ -303,7 +305,7 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
             partition.state, actions = sm.assigned()
             for action in actions:
                 self._execute(partition, action)
-        self.report_partitions()
+        self.reporter.partitions()
 
     def release(self, keys: Iterable[TopicPartitionKey], *, lost: bool, reason: str,
                 deadline: float) -> None:
@@ -339,12 +341,12 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
             completion = None if partition.job is startup.get(partition.key) else \
                 self.jobs.wait(partition, deadline)
             if completion is not None and completion[0] is not None:
-                self._abandoned(partition, completion[0])  # type: ignore[arg-type]
+                self.reporter.abandoned(partition, completion[0])
             self._discard(partition)
             del self.partitions[partition.key]
             with contextlib.suppress(KeyError):
                 self.metrics.consumer_lag.remove(partition.topic, str(partition.partition))
-        self.report_partitions()
+        self.reporter.partitions()
 
     def _dispatch_recording(self, partition: Partition, event: sm.Event) -> None:
         try:

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 
 from confluent_kafka import Consumer, KafkaError, Message
 
-from service.contract.records import Output, Record, Transform
+from service.contract.records import Output, Transform
 from service.kafka.cluster import OutputLimits
 from service.observability.health import Health
 from service.observability.metrics import Metrics
@@ -22,6 +22,7 @@ from service.stage.guarantees.guarantee import Guarantee
 from service.stage.jobs import Jobs
 from service.stage.overruns import OverrunBook
 from service.stage.partition import Partition, TopicPartitionKey
+from service.stage.reports import Reporter
 from service.stage.transform_watch import Marker
 from service.stage.workers import WorkerPool
 
@@ -51,7 +52,6 @@ class LoopState:
     _fetch_check: tuple[dict[TopicPartitionKey, int], Future[object]] | None
     describe_requested: bool
     stopping: bool
-    _warned_near_timeout: bool
     _stalled_after_s: float
     _no_offset: int
     polled_at: float
@@ -62,6 +62,7 @@ class LoopState:
     _workers_counted: tuple[int, int, float]  # restarts, time-outs, busy seconds reported
     watch: Marker                  # the record being transformed (TransformWatch reads it)
     overruns: OverrunBook | None   # transform calls that overran (None: no time-out)
+    reporter: Reporter
 
     # Calls between parts: each is defined by the part named beside it.
     def dispatch(self, partition: Partition, event: sm.Event) -> None:  # loop
@@ -94,14 +95,4 @@ class LoopState:
         raise NotImplementedError
 
     def _check_first(self, partition: Partition, offset: int) -> bool:  # positions
-        raise NotImplementedError
-
-    def _dead_lettered(self, partition: Partition, record: Record,  # reports
-                       error: BaseException) -> None:
-        raise NotImplementedError
-
-    def _warn_near_timeout(self, partition: Partition, now: float) -> None:  # reports
-        raise NotImplementedError
-
-    def report_partitions(self) -> None:  # reports
         raise NotImplementedError
