@@ -225,7 +225,7 @@ class Batch(Holding):
         transform already ran on it, instead of running the transform again."""
         offset: int = msg.offset()  # type: ignore[assignment]
         state = partition.state
-        if self._stale(partition, offset):
+        if self.positions.stale(partition, offset):
             return False
         if state.holding or partition.held:  # after the records held before it
             self._hold(partition, msg, saved)
@@ -233,7 +233,7 @@ class Batch(Holding):
         if state.phase is not sm.Phase.ACTIVE or (
                 state.pauses and sm.Pause.BACKOFF in state.pauses):
             return False  # fetched before a seek or a pause: it is read again later
-        if partition.check_first and not self._check_first(partition, offset):
+        if partition.seek.check_first and not self.positions.check_first(partition, offset):
             return False
         if state.isolation is not None:
             room = state.room()
@@ -300,7 +300,7 @@ class Batch(Holding):
             if outputs is not None:
                 partition.saved[msg.offset()] = outputs  # type: ignore[index]
             if exc.lookup is not None:  # not a topic: the schema registry (formats)
-                self._lookups[exc.topic] = exc.lookup
+                self.topics.ask(exc.topic, exc.lookup)
             self.dispatch(partition, sm.TopicUnknown(exc.topic))
             self._hold(partition, msg)
 

@@ -20,11 +20,6 @@ from service.stage.partition import Partition
 class Holding(LoopState):
     """The held records of :class:`Loop`'s partitions."""
 
-    def _stale(self, partition: Partition, offset: int) -> bool:
-        """A record fetched before the partition's last seek: it is read again."""
-        return offset < partition.position or partition.seek_to is not None \
-            or partition.seek_batch == self._batch
-
     def _hand_back(self, first: Message, rest: Iterator[Message],
                    saved: dict[int, list[Output]] | None) -> None:
         """The poll-gap bound ends the batch at ``first``: it and the rest are held by
@@ -38,7 +33,7 @@ class Holding(LoopState):
                 self._consume_error(error, msg)
                 continue
             partition = partitions.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
-            if partition is None or self._stale(partition, msg.offset()):  # type: ignore[arg-type]
+            if partition is None or self.positions.stale(partition, msg.offset()):  # type: ignore[arg-type]
                 continue
             state = partition.state
             if state.holding or partition.held or (state.phase is sm.Phase.ACTIVE and not (

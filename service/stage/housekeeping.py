@@ -92,7 +92,7 @@ class Housekeeping(LoopState):
                 self.dispatch(partition, sm.CallStuck(now))
                 continue
             if partition.stalled_warned or (phase is sm.Phase.ACTIVE
-                                            and partition.seek_to is None):
+                                            and partition.seek.seek_to is None):
                 continue  # (ACTIVE waiting for its seek to land is waiting too)
             if now - partition.phase_since > self._stalled_after_s:
                 partition.stalled_warned = True
@@ -131,7 +131,7 @@ class Housekeeping(LoopState):
         ACTIVE, no pause, no seek pending, nothing held or running."""
         state = partition.state
         return state.phase is sm.Phase.ACTIVE and not state.pauses \
-            and partition.seek_to is None and not partition.releasing \
+            and partition.seek.seek_to is None and not partition.releasing \
             and not partition.held and partition.job is None
 
     def _restart_fetch(self, partition: Partition, high: int, fetched_high: int) -> None:
@@ -142,7 +142,6 @@ class Housekeeping(LoopState):
                          "past what librdkafka last saw: its fetcher is restarted (pause, "
                          "resume, seek)")
         self.metrics.fetch_stalls.inc()
-        unknown = partition.sought < 0 and partition.position == 0  # nothing read yet
         self.consumer.pause([partition.tp])
         self.consumer.resume([partition.tp])
-        self._seek(partition, partition.sought if unknown else partition.position)
+        self.positions.seek(partition, partition.seek.restart_at(partition.position))

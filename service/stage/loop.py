@@ -20,13 +20,11 @@ import contextlib
 import math
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future
 
 import structlog
 from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_END,
     Consumer,
     KafkaError,
     Message,
@@ -48,13 +46,14 @@ from service.settings import Settings
 from service.stage import machine as sm
 from service.stage.batch import Batch
 from service.stage.fetch_watch import FetchWatch
-from service.stage.guarantees.guarantee import Guarantee
+from service.stage.guarantees.guarantee import Guarantee, group_metadata_of
 from service.stage.housekeeping import Housekeeping
 from service.stage.jobs import Jobs
 from service.stage.offload import Offload
 from service.stage.partition import Partition, TopicPartitionKey
 from service.stage.positions import Positions
 from service.stage.reports import Reporter
+from service.stage.topic_lookups import TopicLookups
 from service.stage.transform_watch import Marker
 from service.stage.workers import WorkerPool
 
@@ -67,7 +66,7 @@ _MAX_STUCK_CALLS = 4
 _BUSY_POLL_S = 0.005  # consume()'s wait while a commit runs or records are held
 
 
-class Loop(Batch, Offload, Positions, Housekeeping):
+class Loop(Batch, Offload, Housekeeping):
     """One replica's consumer loop over the partitions it owns. Its parts are
     mixins over the one object, so the hot path pays no extra indirection."""
 
@@ -86,11 +85,8 @@ class Loop(Batch, Offload, Positions, Housekeeping):
         self.jobs = Jobs()
         self.partitions: dict[TopicPartitionKey, Partition] = {}
         self.recorded: list[BaseException] = []
-        self._topic_lookups: dict[str, Future[object]] = {}
-        self._lookups: dict[str, Callable[[], object]] = {}  # TopicLimitPending.lookup
         self._produced: Tally[str] = Tally()
         self._next_housekeeping = 0.0
-        self._batch = 0  # consume() calls so far
         self._assigning_since: float | None = None
         self.pool = pool  # TXSTAGE_WORKERS: the transform runs there (Offload)
         self.inflight_records = 0
@@ -101,12 +97,15 @@ class Loop(Batch, Offload, Positions, Housekeeping):
         self._transform_seconds = metrics.transform_seconds.observe if pool is None \
             else _unobserved
         self.fetch_watch = FetchWatch(settings.fetch_stall_s)
+        self.positions = Positions(consumer, metrics, settings, self.partitions, self._discard,
+                                   self.fetch_watch.stall_after_s)
+        self.topics = TopicLookups(self.jobs)
+        self._group_metadata = group_metadata_of(consumer)
         self._fetch_check: tuple[dict[TopicPartitionKey, int], Future[object]] | None = None
         self.describe_requested = False  # set by SIGUSR1: log every partition's state
         self.stopping = False  # set by Stage.stop (a signal): the batch ends at the next record
         # A waiting phase lasting longer than a transaction could is worth a warning.
         self._stalled_after_s = max(policy.transaction_timeout_s, 30.0) + 30.0
-        self._no_offset = OFFSET_END if settings.starts_at_end else OFFSET_BEGINNING
         self.polled_at = time.monotonic()  # when consume() last returned
         self.yield_at = math.inf  # the poll-gap bound: processing hands back by then
         self.held_bytes = 0  # the bytes every partition holds (Batch._hold)
@@ -120,7 +119,7 @@ class Loop(Batch, Offload, Positions, Housekeeping):
 
     def iterate(self) -> None:
         self.health.beat()
-        self._batch += 1
+        self.positions.next_batch()
         pool = self.pool
         wait_s = self._poll_timeout_s()
         # Results on their way from the workers: Kafka is only looked at, the wait is
@@ -162,13 +161,11 @@ class Loop(Batch, Offload, Positions, Housekeeping):
             owner = self.partitions.get(key)
             if owner is not None:
                 self.dispatch(owner, reported)
-        for topic, future in list(self._topic_lookups.items()):
-            if future.done():
-                del self._topic_lookups[topic]
-                for partition in list(self.partitions.values()):
-                    if partition.waiting_topic == topic:
-                        partition.waiting_topic = None
-                        self.dispatch(partition, sm.TopicResolved(topic))
+        for topic in self.topics.resolved():
+            for partition in list(self.partitions.values()):
+                if partition.waiting_topic == topic:
+                    partition.waiting_topic = None
+                    self.dispatch(partition, sm.TopicResolved(topic))
         # Records handed back at the poll-gap bound (or left by a drain it cut short),
         # the longest held first, before anything consumed since: as far as the bound
         # allows, the rest waits for the next iteration. One paused for the replica's
@@ -191,14 +188,16 @@ class Loop(Batch, Offload, Positions, Housekeeping):
 
     def tick(self, now: float) -> None:
         policy = self.policy
-        self._retry_seeks(now)
+        self.positions.retry(now)
         for partition in list(self.partitions.values()):
             state = partition.state
             if partition.batch_records:
                 self._tell_written(partition)
                 state = partition.state
             if partition.fetched_end is not None:
-                self._tell_end(partition, now)
+                end = self.positions.end_reached(partition, now)
+                if end is not None:
+                    self.dispatch(partition, end)
                 state = partition.state
             if state.due(now, policy):
                 self.reporter.warn_near_timeout(partition, now, policy)
@@ -235,21 +234,22 @@ class Loop(Batch, Offload, Positions, Housekeeping):
             case sm.PausePartition():
                 self.consumer.pause([partition.tp])
             case sm.ResumePartition():
-                if partition.seek_to is None:  # else: once the seek lands
+                if partition.seek.seek_to is None:  # else: once the seek lands
                     self.consumer.resume([partition.tp])
             case sm.Seek(offset):
-                self._seek(partition, offset)
+                self.positions.seek(partition, offset)
             case sm.StartInit(replacing):
                 if not partition.releasing:
                     self.jobs.start(partition, self.committer.init(partition.key, replacing),
                                     startup=True)
             case sm.LookupPosition(after_commit):
                 if not partition.releasing:
-                    self.jobs.start(partition, self._lookup_position(partition, after_commit),
-                                    startup=True)
+                    self.jobs.start(partition, self.positions.lookup(
+                        partition, self.limits.cluster, self.overruns, after_commit),
+                        startup=True)
             case sm.StartCommit(txn):
                 self._run(partition, self.committer.commit(
-                    partition.key, txn, self._take_group_metadata))
+                    partition.key, txn, self._group_metadata))
             case sm.StartAbort(txn):
                 self._run(partition, self.committer.abort(partition.key, txn))
             case sm.CloseProducer():
@@ -272,7 +272,7 @@ class Loop(Batch, Offload, Positions, Housekeeping):
                                                 f"process is needed"))
             case sm.Finish(txn, commit, reason, deadline):
                 work = self.committer.finish(partition.key, txn, commit, reason,
-                                             self._take_group_metadata, deadline)
+                                             self._group_metadata, deadline)
                 if work is not None:
                     self.jobs.start(partition, work)
             case sm.Abandon():
@@ -282,7 +282,7 @@ class Loop(Batch, Offload, Positions, Housekeeping):
             case sm.DropHeld():
                 self._discard(partition)
             case sm.LookupTopic(topic):
-                self._lookup_topic(partition, topic)
+                self.topics.start(partition, topic, self.limits)
             case sm.Fail(error):
                 raise error
             case _:
@@ -371,7 +371,7 @@ class Loop(Batch, Offload, Positions, Housekeeping):
             # gauge's end).
             partition = self.partitions.get((topic, number))  # type: ignore[arg-type]
             if partition is not None:
-                self._fetched_to_end(partition, msg.offset())  # type: ignore[arg-type]
+                self.positions.fetched_to_end(partition, msg.offset())  # type: ignore[arg-type]
             return
         if error.code() in DENIALS:  # a missing ACL never heals by itself
             raise DeniedError(Where("consume", topic=topic, partition=number), error)

@@ -22,7 +22,9 @@ from service.stage.guarantees.guarantee import Guarantee
 from service.stage.jobs import Jobs
 from service.stage.overruns import OverrunBook
 from service.stage.partition import Partition, TopicPartitionKey
+from service.stage.positions import Positions
 from service.stage.reports import Reporter
+from service.stage.topic_lookups import TopicLookups
 from service.stage.transform_watch import Marker
 from service.stage.workers import WorkerPool
 
@@ -41,11 +43,8 @@ class LoopState:
     jobs: Jobs
     partitions: dict[TopicPartitionKey, Partition]
     recorded: list[BaseException]
-    _topic_lookups: dict[str, Future[object]]
-    _lookups: dict[str, Callable[[], object]]
     _produced: Tally[str]
     _next_housekeeping: float
-    _batch: int
     _assigning_since: float | None
     _transform_seconds: Callable[[float], None]
     fetch_watch: FetchWatch
@@ -53,7 +52,6 @@ class LoopState:
     describe_requested: bool
     stopping: bool
     _stalled_after_s: float
-    _no_offset: int
     polled_at: float
     yield_at: float
     held_bytes: int
@@ -63,6 +61,8 @@ class LoopState:
     watch: Marker                  # the record being transformed (TransformWatch reads it)
     overruns: OverrunBook | None   # transform calls that overran (None: no time-out)
     reporter: Reporter
+    positions: Positions
+    topics: TopicLookups
 
     # Calls between parts: each is defined by the part named beside it.
     def dispatch(self, partition: Partition, event: sm.Event) -> None:  # loop
@@ -71,8 +71,6 @@ class LoopState:
     def _consume_error(self, error: KafkaError, msg: Message) -> None:  # loop
         raise NotImplementedError
 
-    def _seek(self, partition: Partition, offset: int) -> None:  # positions
-        raise NotImplementedError
 
     def _take_held(self, partition: Partition) -> tuple[list[Message],  # batch
                                                          dict[int, list[Output]]]:
@@ -82,8 +80,6 @@ class LoopState:
                 saved: dict[int, list[Output]] | None = None) -> None:
         raise NotImplementedError
 
-    def _stale(self, partition: Partition, offset: int) -> bool:  # batch
-        raise NotImplementedError
 
     def _limit(self, partition: Partition, records: int) -> None:  # batch
         raise NotImplementedError
@@ -94,5 +90,3 @@ class LoopState:
     def _discard(self, partition: Partition) -> None:  # offload
         raise NotImplementedError
 
-    def _check_first(self, partition: Partition, offset: int) -> bool:  # positions
-        raise NotImplementedError

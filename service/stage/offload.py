@@ -39,7 +39,7 @@ class Offload(LoopState):
                 continue
             key = (msg.topic(), msg.partition())
             partition = partitions.get(key)  # type: ignore[arg-type]
-            if partition is None or self._stale(partition, msg.offset()):  # type: ignore[arg-type]
+            if partition is None or self.positions.stale(partition, msg.offset()):  # type: ignore[arg-type]
                 continue
             state = partition.state
             if state.phase not in _RUNNING or (state.pauses and sm.Pause.BACKOFF in state.pauses):

@@ -176,7 +176,7 @@ def test_the_loop_restarts_the_fetcher_of_a_stalled_partition_at_its_position() 
     loop.tick(start + 38)   # still no fetch response: restart the fetcher
     assert asked == [[("in", 0)], [("in", 0)]]
     assert consumer.calls == [("pause", 0), ("resume", 0), ("seek", 2810)]
-    assert partition.check_first and partition.position == 2810
+    assert partition.seek.check_first and partition.position == 2810
     assert loop.metrics.fetch_stalls._value.get() == 1
 
 

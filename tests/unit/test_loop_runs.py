@@ -113,7 +113,7 @@ def test_runs_of_two_partitions_interleaved_in_a_batch_keep_each_its_own_transac
     loop, first = loop_with(committer, [])
     second = Partition(TOPIC, 1)
     second.state, second.position = first.state, 0
-    second.check_first = False
+    second.seek.check_first = False
     loop.partitions[second.key] = second
     second.refresh_flowing()
     other = [Message(topic=TOPIC, partition=1, offset=o, key=b"k", value=b"2",

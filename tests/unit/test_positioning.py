@@ -136,7 +136,7 @@ def test_a_refused_seek_keeps_the_partition_paused_until_it_lands() -> None:
     assert ("resume", 0) not in consumer.calls, "still refused: still paused"
     loop.tick(2.0)
     assert consumer.calls[-2:] == [("seek", 2810), ("resume", 0)]
-    assert partition.seek_to is None
+    assert partition.seek.seek_to is None
 
 
 def test_a_seek_refused_past_the_fetch_stall_time_assigns_the_partition_afresh() -> None:
@@ -153,10 +153,10 @@ def test_a_seek_refused_past_the_fetch_stall_time_assigns_the_partition_afresh()
     loop.tick(11.0)
     assert consumer.calls[-2:] == [("unassign", 0), ("assign at", 2810)]
     assert ("pause", 0) not in consumer.calls[-2:], "a pause would move the fetcher (see _seek)"
-    assert partition.seek_to == 2810, "the seek lands next, on the fetcher started there"
+    assert partition.seek.seek_to == 2810, "the seek lands next, on the fetcher started there"
     loop.tick(11.5)
     assert consumer.calls[-2:] == [("seek", 2810), ("resume", 0)]
-    assert partition.seek_to is None and partition.check_first
+    assert partition.seek.seek_to is None and partition.seek.check_first
     loop.tick(30.0)
     assert consumer.calls.count(("unassign", 0)) == 1, "assigned afresh once"
 
@@ -184,7 +184,7 @@ def test_with_the_fetch_watch_off_a_refused_seek_is_only_retried() -> None:
     for now in (1.0, 100.0, 1000.0):
         loop.tick(now)
     assert ("unassign", 0) not in consumer.calls
-    assert partition.seek_to == 2810
+    assert partition.seek.seek_to == 2810
 
 
 def test_a_seek_that_lands_late_resets_the_refusal_clock() -> None:
@@ -194,7 +194,7 @@ def test_a_seek_that_lands_late_resets_the_refusal_clock() -> None:
     loop.tick(1.0)                      # refused, since 1.0
     loop.tick(2.0)                      # lands
     consumer.refuse_seeks = 1_000_000
-    loop._seek(partition, 3000)         # sought again (a rewind, a fetch restart): refused
+    loop.positions.seek(partition, 3000)         # sought again (a rewind, a fetch restart): refused
     loop.tick(12.0)                     # the clock starts here, not at 1.0
     loop.tick(21.0)
     assert ("unassign", 0) not in consumer.calls
@@ -346,9 +346,8 @@ def _position_reads(after_commit: bool) -> list[bool]:
         return 2810
 
     loop, _, partition = make_loop(ScriptedConsumer())
-    loop.limits = SimpleNamespace(  # type: ignore[assignment]
-        lookup=loop.limits.lookup, cluster=SimpleNamespace(committed_offset=committed_offset))
-    event = loop._lookup_position(partition, after_commit)()
+    cluster = SimpleNamespace(committed_offset=committed_offset)
+    event = loop.positions.lookup(partition, cluster, None, after_commit)()  # type: ignore[arg-type]
     assert isinstance(event, sm.Positioned) and event.offset == 2810
     return reads
 

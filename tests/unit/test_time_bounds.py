@@ -122,7 +122,7 @@ def test_settling_drains_each_finished_commit_once_then_lets_the_loop_consume() 
     # left the group on max.poll.interval.ms that way.
     loop, committer, first = slow_loop(records=50, interval_s=0.05)
     second = Partition(first.topic, 1)
-    second.state, second.position, second.check_first = first.state, 0, False
+    second.state, second.position, second.seek.check_first = first.state, 0, False
     loop.partitions[second.key] = second
     second.refresh_flowing()
     loop.consumer.batches.append([  # type: ignore[attr-defined]

@@ -119,7 +119,7 @@ def marked_loop(**env: str) -> tuple[Loop, OrderedCommitter, Partition]:
     committer = OrderedCommitter()
     loop.committer = committer  # type: ignore[assignment]
     loop.dispatch(partition, sm.Positioned(2810, time.monotonic()))
-    loop._batch += 1  # the records come after the seek
+    loop.positions.next_batch()  # the records come after the seek
     return loop, committer, partition
 
 
@@ -211,7 +211,7 @@ def overrun_loop(count: int, **env: str) -> tuple[Loop, LetterCommitter, list[in
     loop.transform = counting
     loop.dispatch(partition, sm.Positioned(2810, time.monotonic(),
                                            sm.Overrun(2812, count, 5000)))
-    loop._batch += 1
+    loop.positions.next_batch()
     return loop, committer, called
 
 

@@ -35,6 +35,19 @@ class ReleaseReport:
 ReleaseJob = Callable[[], ReleaseReport | None]
 
 
+def group_metadata_of(consumer: _HasGroupMetadata) -> GroupMetadata:
+    """The consumer's group metadata, for a committer to take as its commit starts,
+    on the loop thread (``Guarantee.commit``): the consumer must not be called from
+    another thread (its calls there wait while the loop sits in consume()).
+    At-least-once never takes it: it costs 0.1-0.3 ms a commit
+    (docs/journal/2026-11-27-at-least-once-linger-20ms.md)."""
+    return lambda: consumer.consumer_group_metadata()  # noqa: PLW0108 (looked up per commit)
+
+
+class _HasGroupMetadata(Protocol):
+    def consumer_group_metadata(self) -> object: ...
+
+
 class Guarantee(Protocol):
     """One delivery guarantee, as the loop drives it."""
 
