@@ -21,7 +21,7 @@ import math
 import time
 from collections import Counter as Tally
 from collections.abc import Iterable
-from concurrent.futures import Future
+from dataclasses import replace
 
 import structlog
 from confluent_kafka import (
@@ -47,7 +47,7 @@ from service.stage import machine as sm
 from service.stage.batch import Batch
 from service.stage.fetch_watch import FetchWatch
 from service.stage.guarantees.guarantee import Guarantee, group_metadata_of
-from service.stage.housekeeping import Housekeeping
+from service.stage.housekeeping import Housekeeper
 from service.stage.jobs import Jobs
 from service.stage.offload import Offload
 from service.stage.partition import Partition, TopicPartitionKey
@@ -66,7 +66,7 @@ _MAX_STUCK_CALLS = 4
 _BUSY_POLL_S = 0.005  # consume()'s wait while a commit runs or records are held
 
 
-class Loop(Batch, Offload, Housekeeping):
+class Loop(Batch, Offload):
     """One replica's consumer loop over the partitions it owns. Its parts are
     mixins over the one object, so the hot path pays no extra indirection."""
 
@@ -86,12 +86,9 @@ class Loop(Batch, Offload, Housekeeping):
         self.partitions: dict[TopicPartitionKey, Partition] = {}
         self.recorded: list[BaseException] = []
         self._produced: Tally[str] = Tally()
-        self._next_housekeeping = 0.0
-        self._assigning_since: float | None = None
         self.pool = pool  # TXSTAGE_WORKERS: the transform runs there (Offload)
         self.inflight_records = 0
         metrics.commit_interval.set(policy.commit_interval_s)
-        self._workers_counted = (0, 0, 0.0)
         # With workers the main process only replays what they yielded: their own
         # timings are observed instead (Offload._complete).
         self._transform_seconds = metrics.transform_seconds.observe if pool is None \
@@ -101,11 +98,7 @@ class Loop(Batch, Offload, Housekeeping):
                                    self.fetch_watch.stall_after_s)
         self.topics = TopicLookups(self.jobs)
         self._group_metadata = group_metadata_of(consumer)
-        self._fetch_check: tuple[dict[TopicPartitionKey, int], Future[object]] | None = None
-        self.describe_requested = False  # set by SIGUSR1: log every partition's state
         self.stopping = False  # set by Stage.stop (a signal): the batch ends at the next record
-        # A waiting phase lasting longer than a transaction could is worth a warning.
-        self._stalled_after_s = max(policy.transaction_timeout_s, 30.0) + 30.0
         self.polled_at = time.monotonic()  # when consume() last returned
         self.yield_at = math.inf  # the poll-gap bound: processing hands back by then
         self.held_bytes = 0  # the bytes every partition holds (Batch._hold)
@@ -115,6 +108,9 @@ class Loop(Batch, Offload, Housekeeping):
         # The committer as it is when a line is logged (a test may replace it).
         self.reporter = Reporter(metrics, health, self.partitions,
                                  lambda key: self.committer.transactional_id(key))  # noqa: PLW0108
+        self.housekeeper = Housekeeper(settings, metrics, consumer, self.jobs, self.partitions,
+                                       self.reporter, self.fetch_watch,
+                                       policy.transaction_timeout_s)
         self.overruns = None  # the Stage's, when TXSTAGE_TRANSFORM_TIMEOUT_MS is on
 
     def iterate(self) -> None:
@@ -205,6 +201,16 @@ class Loop(Batch, Offload, Housekeeping):
             elif state.resume_at is not None or state.fenced_at is not None:
                 self.dispatch(partition, sm.Tick(now))
         self._housekeeping(now)
+
+    def _housekeeping(self, now: float) -> None:
+        """Once a second (the housekeeper says when): carry out what it found."""
+        chores = self.housekeeper.run(now, self.policy, self.held_bytes, self.pool, self.limits)
+        for partition, event in chores.events:
+            self.dispatch(partition, event)
+        for partition in chores.restarts:
+            self.positions.restart_fetch(partition)
+        if chores.interval_s is not None:
+            self.policy = replace(self.policy, stretched_interval_s=chores.interval_s)
 
     def interrupt(self) -> None:
         """The replica stops (signal-handler safe): the batch ends after the record
@@ -297,7 +303,7 @@ class Loop(Batch, Offload, Housekeeping):
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         now = time.monotonic()
-        self._assigning_since = self._assigning_since or now
+        self.housekeeper.assigning(now)
         for tp in partitions:
             partition = Partition(tp.topic, tp.partition)
             partition.phase_since = now

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
 
 from confluent_kafka import Consumer, KafkaError, Message
 
@@ -44,20 +43,14 @@ class LoopState:
     partitions: dict[TopicPartitionKey, Partition]
     recorded: list[BaseException]
     _produced: Tally[str]
-    _next_housekeeping: float
-    _assigning_since: float | None
     _transform_seconds: Callable[[float], None]
     fetch_watch: FetchWatch
-    _fetch_check: tuple[dict[TopicPartitionKey, int], Future[object]] | None
-    describe_requested: bool
     stopping: bool
-    _stalled_after_s: float
     polled_at: float
     yield_at: float
     held_bytes: int
     inflight_records: int
     pool: WorkerPool | None
-    _workers_counted: tuple[int, int, float]  # restarts, time-outs, busy seconds reported
     watch: Marker                  # the record being transformed (TransformWatch reads it)
     overruns: OverrunBook | None   # transform calls that overran (None: no time-out)
     reporter: Reporter

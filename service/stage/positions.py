@@ -106,6 +106,13 @@ class Positions:
         partition.refresh_flowing()
         return True
 
+    def restart_fetch(self, partition: Partition) -> None:
+        """A fetcher librdkafka left stalled (the housekeeper found it): restart it
+        where the partition stands."""
+        self._consumer.pause([partition.tp])
+        self._consumer.resume([partition.tp])
+        self.seek(partition, partition.seek.restart_at(partition.position))
+
     def retry(self, now: float) -> None:
         """Land the seeks refused so far; past TXSTAGE_FETCH_STALL_S, re-assign."""
         refused: list[Partition] = []

@@ -284,7 +284,7 @@ def test_the_lag_of_a_partition_read_to_a_commit_marker_is_zero() -> None:
     positioned(loop, partition, 2810)
     loop.iterate()
     assert partition.position == 2820
-    loop._next_housekeeping = 0.0
+    loop.housekeeper.due_at = 0.0
     loop.tick(1.0)
     lag = loop.metrics.consumer_lag.labels(TOPIC, "0")
     assert lag._value.get() == 1  # no end reported: one offset not yet read, as far as known
@@ -292,13 +292,13 @@ def test_the_lag_of_a_partition_read_to_a_commit_marker_is_zero() -> None:
                   error=KafkaError(KafkaError._PARTITION_EOF))
     consumer.batches.append([end])
     loop.iterate()
-    loop._next_housekeeping = 0.0
+    loop.housekeeper.due_at = 0.0
     loop.tick(2.0)
     assert lag._value.get() == 0
     consumer.batches.append(batch(2821, 2822))  # more input: read from the position again
     consumer.high = 2824
     loop.iterate()
-    loop._next_housekeeping = 0.0
+    loop.housekeeper.due_at = 0.0
     loop.tick(3.0)
     assert lag._value.get() == 1
 
