@@ -17,9 +17,7 @@ replica stops. Records of a committing partition are held, in order, meanwhile.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
-from collections import Counter as Tally
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -44,15 +42,17 @@ from service.observability.health import Health
 from service.observability.metrics import Metrics
 from service.settings import Settings
 from service.stage import machine as sm
-from service.stage.batch import Batch
 from service.stage.fetch_watch import FetchWatch
 from service.stage.guarantees.guarantee import Guarantee, group_metadata_of
 from service.stage.housekeeping import Housekeeper
+from service.stage.in_process import InProcess
 from service.stage.jobs import Jobs
-from service.stage.offload import Offload
+from service.stage.offload import OnWorkers
+from service.stage.overruns import OverrunBook
 from service.stage.partition import Partition, TopicPartitionKey
 from service.stage.positions import Positions
 from service.stage.reports import Reporter
+from service.stage.runner import Runner, tell_written
 from service.stage.topic_lookups import TopicLookups
 from service.stage.transform_watch import Marker
 from service.stage.workers import WorkerPool
@@ -66,9 +66,12 @@ _MAX_STUCK_CALLS = 4
 _BUSY_POLL_S = 0.005  # consume()'s wait while a commit runs or records are held
 
 
-class Loop(Batch, Offload):
-    """One replica's consumer loop over the partitions it owns. Its parts are
-    mixins over the one object, so the hot path pays no extra indirection."""
+class Loop:
+    """One replica's consumer loop over the partitions it owns. It carries out what
+    the state machine decides with its parts, each an object of its own: the
+    ``runner`` (records to results), ``positions`` (seeks), ``reporter`` (log lines
+    and metrics), ``housekeeper`` (the once-a-second watch) and ``topics`` (output
+    topic lookups)."""
 
     def __init__(self, settings: Settings, transform: Transform, metrics: Metrics,
                  health: Health, limits: OutputLimits, consumer: Consumer,
@@ -85,23 +88,16 @@ class Loop(Batch, Offload):
         self.jobs = Jobs()
         self.partitions: dict[TopicPartitionKey, Partition] = {}
         self.recorded: list[BaseException] = []
-        self._produced: Tally[str] = Tally()
-        self.pool = pool  # TXSTAGE_WORKERS: the transform runs there (Offload)
-        self.inflight_records = 0
+        self.pool = pool  # TXSTAGE_WORKERS: the transform runs there (OnWorkers)
         metrics.commit_interval.set(policy.commit_interval_s)
-        # With workers the main process only replays what they yielded: their own
-        # timings are observed instead (Offload._complete).
-        self._transform_seconds = metrics.transform_seconds.observe if pool is None \
-            else _unobserved
         self.fetch_watch = FetchWatch(settings.fetch_stall_s)
-        self.positions = Positions(consumer, metrics, settings, self.partitions, self._discard,
+        # A seek makes what the partition holds stale: the runner (built below) forgets it.
+        self.positions = Positions(consumer, metrics, settings, self.partitions,
+                                   lambda partition: self.runner.discard(partition),  # noqa: PLW0108
                                    self.fetch_watch.stall_after_s)
         self.topics = TopicLookups(self.jobs)
         self._group_metadata = group_metadata_of(consumer)
-        self.stopping = False  # set by Stage.stop (a signal): the batch ends at the next record
         self.polled_at = time.monotonic()  # when consume() last returned
-        self.yield_at = math.inf  # the poll-gap bound: processing hands back by then
-        self.held_bytes = 0  # the bytes every partition holds (Batch._hold)
         # Read at scrape time, so it grows while the loop is stuck between two polls.
         metrics.seconds_since_poll.set_function(lambda: time.monotonic() - self.polled_at)
         self.watch = Marker()
@@ -111,31 +107,27 @@ class Loop(Batch, Offload):
         self.housekeeper = Housekeeper(settings, metrics, consumer, self.jobs, self.partitions,
                                        self.reporter, self.fetch_watch,
                                        policy.transaction_timeout_s)
-        self.overruns = None  # the Stage's, when TXSTAGE_TRANSFORM_TIMEOUT_MS is on
+        self.overruns: OverrunBook | None = None  # the Stage's (TXSTAGE_TRANSFORM_TIMEOUT_MS)
+        parts = (self, settings, metrics, self.partitions, self.positions, self.reporter,
+                 self.topics, self.watch)
+        self.runner: Runner = InProcess(*parts) if pool is None else OnWorkers(*parts, pool)
 
     def iterate(self) -> None:
         self.health.beat()
         self.positions.next_batch()
-        pool = self.pool
+        runner = self.runner
         wait_s = self._poll_timeout_s()
         # Results on their way from the workers: Kafka is only looked at, the wait is
-        # for whichever comes first (serve, below).
+        # for whichever comes first (the runner's).
         messages = self.consumer.consume(self.settings.batch_size,
-                                         0 if pool is not None and pool.in_flight else wait_s)
+                                         0 if runner.waiting() else wait_s)
         now = self.polled_at = time.monotonic()
-        self.yield_at = now + self.policy.poll_gap_s
+        runner.bound(now + self.policy.poll_gap_s)
         if len(messages) < self.settings.batch_size:
             self.fetch_watch.short_batches += 1  # librdkafka's queue ran dry
         self.raise_recorded()
         self.settle(now)
-        if pool is None:
-            if messages:
-                self.process(messages, now)
-        else:
-            if messages:
-                self._submit(messages)
-            pool.serve(0 if messages or not pool.in_flight else wait_s)
-            self._complete(time.monotonic())
+        runner.run(messages, now, wait_s)
         self.tick(time.monotonic())
 
     def settle(self, now: float) -> None:
@@ -170,14 +162,14 @@ class Loop(Batch, Offload):
                    if (p.held or sm.Pause.BACKLOG in p.state.pauses)
                    and not p.state.holding and p.state.phase is sm.Phase.ACTIVE]
         for partition in sorted(waiting, key=_held_since):
-            self._drain(partition)
+            self.runner.drain(partition)
 
     def _poll_timeout_s(self) -> float:
         """How long consume() may wait for records: TXSTAGE_POLL_TIMEOUT_MS, but only a
         moment while a commit runs or records are held. A partition that is committing
         or paused for its held records fetches nothing, so a full wait idled the loop
         after each commit: one lagging partition committed at half its transform's pace."""
-        if self.held_bytes or any(p.state.phase is sm.Phase.COMMITTING
+        if self.runner.held_bytes or any(p.state.phase is sm.Phase.COMMITTING
                                    for p in self.partitions.values()):
             return _BUSY_POLL_S
         return self.settings.poll_timeout_ms / 1000
@@ -188,7 +180,7 @@ class Loop(Batch, Offload):
         for partition in list(self.partitions.values()):
             state = partition.state
             if partition.batch_records:
-                self._tell_written(partition)
+                tell_written(partition, policy)
                 state = partition.state
             if partition.fetched_end is not None:
                 end = self.positions.end_reached(partition, now)
@@ -204,7 +196,8 @@ class Loop(Batch, Offload):
 
     def _housekeeping(self, now: float) -> None:
         """Once a second (the housekeeper says when): carry out what it found."""
-        chores = self.housekeeper.run(now, self.policy, self.held_bytes, self.pool, self.limits)
+        chores = self.housekeeper.run(now, self.policy, self.runner.held_bytes, self.pool,
+                                      self.limits)
         for partition, event in chores.events:
             self.dispatch(partition, event)
         for partition in chores.restarts:
@@ -215,11 +208,11 @@ class Loop(Batch, Offload):
     def interrupt(self) -> None:
         """The replica stops (signal-handler safe): the batch ends after the record
         being transformed; what was processed is released by the stop."""
-        self.stopping = True
+        self.runner.stop()
 
     def dispatch(self, partition: Partition, event: sm.Event) -> None:
         if partition.batch_records:
-            self._tell_written(partition)
+            tell_written(partition, self.policy)
         error = getattr(event, "error", None)
         if isinstance(error, KafkaOperationError):
             self.reporter.kafka_error(error)
@@ -284,9 +277,9 @@ class Loop(Batch, Offload):
             case sm.Abandon():
                 self.jobs.abandon(partition, self.committer.detach(partition.key))
             case sm.DrainHeld():
-                self._drain(partition)
+                self.runner.drain(partition)
             case sm.DropHeld():
-                self._discard(partition)
+                self.runner.discard(partition)
             case sm.LookupTopic(topic):
                 self.topics.start(partition, topic, self.limits)
             case sm.Fail(error):
@@ -348,7 +341,7 @@ class Loop(Batch, Offload):
                 self.jobs.wait(partition, deadline)
             if completion is not None and completion[0] is not None:
                 self.reporter.abandoned(partition, completion[0])
-            self._discard(partition)
+            self.runner.discard(partition)
             del self.partitions[partition.key]
             with contextlib.suppress(KeyError):
                 self.metrics.consumer_lag.remove(partition.topic, str(partition.partition))
@@ -369,7 +362,7 @@ class Loop(Batch, Offload):
         if self.recorded:
             raise self.recorded[0]
 
-    def _consume_error(self, error: KafkaError, msg: Message) -> None:
+    def consume_error(self, error: KafkaError, msg: Message) -> None:
         topic, number = msg.topic(), msg.partition()
         if error.code() == KafkaError._PARTITION_EOF:
             # The fetcher reached the end: past commit markers and aborted records,
@@ -389,6 +382,3 @@ class Loop(Batch, Offload):
 def _held_since(partition: Partition) -> float:
     return partition.held_since
 
-
-def _unobserved(seconds: float) -> None:
-    pass

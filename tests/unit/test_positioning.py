@@ -38,6 +38,7 @@ from service.stage import machine as sm
 from service.stage.guarantees.guarantee import Guarantee
 from service.stage.loop import Loop
 from service.stage.partition import Partition, TopicPartitionKey
+from service.stage.workers import WorkerPool
 
 TOPIC = "in"
 POLICY = sm.Policy(commit_interval_s=60.0, commit_max_records=1000, max_abort_streak=4,
@@ -104,7 +105,7 @@ def batch(first: int, last: int) -> list[Message]:
     return [message(offset) for offset in range(first, last + 1)]
 
 
-def make_loop(consumer: ScriptedConsumer,
+def make_loop(consumer: ScriptedConsumer, pool: WorkerPool | None = None,
               **env: str) -> tuple[Loop, RecordingCommitter, Partition]:
     settings = load_settings({"TXSTAGE_BOOTSTRAP_SERVERS": "127.0.0.1:9", "TXSTAGE_GROUP_ID": "g",
                               "TXSTAGE_INPUT_TOPICS": TOPIC, "TXSTAGE_OUTPUT_TOPIC": "out",
@@ -113,7 +114,8 @@ def make_loop(consumer: ScriptedConsumer,
     limits = cast(OutputLimits,
                   SimpleNamespace(lookup=lambda topic: 1_000_000, forget=lambda: None))
     loop = Loop(settings, square, Metrics(CollectorRegistry()), Health(), limits,
-                cast("object", consumer), cast(Guarantee, committer), POLICY)  # type: ignore[arg-type]
+                cast("object", consumer), cast(Guarantee, committer), POLICY,  # type: ignore[arg-type]
+                pool)
     partition = Partition(TOPIC, 0)
     loop.partitions[partition.key] = partition
     partition.state = sm.PartitionState(sm.Phase.POSITIONING)

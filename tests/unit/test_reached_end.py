@@ -129,12 +129,12 @@ def test_an_end_from_before_a_seek_or_while_backing_off_is_not_kept() -> None:
     consumer = ScriptedConsumer()
     loop, _, partition = make_loop(consumer)
     positioned(loop, partition, 100)          # the seek is made in this batch
-    loop._consume_error(KafkaError(KafkaError._PARTITION_EOF), eof(500))
+    loop.consume_error(KafkaError(KafkaError._PARTITION_EOF), eof(500))
     assert partition.fetched_end is None
     loop.positions.next_batch()
     partition.seek.check_first = False
     partition.state = replace(partition.state, pauses=frozenset({Pause.BACKOFF}))
-    loop._consume_error(KafkaError(KafkaError._PARTITION_EOF), eof(500))
+    loop.consume_error(KafkaError(KafkaError._PARTITION_EOF), eof(500))
     assert partition.fetched_end is None
 
 
@@ -162,7 +162,7 @@ def test_records_out_in_workers_keep_the_end_until_they_are_processed() -> None:
     loop.iterate()
     assert partition.state.txn is not None and partition.state.txn.next == 10
     partition.inflight, partition.inflight_next = 5, 15  # 10..14 out in workers
-    loop._consume_error(KafkaError(KafkaError._PARTITION_EOF), eof(16))
+    loop.consume_error(KafkaError(KafkaError._PARTITION_EOF), eof(16))
     assert partition.fetched_end == (15, 16) and partition.read_to() == 10
     assert loop.positions.end_reached(partition, 1.0) is None
     assert partition.state.txn.next == 10, "committed past records still in workers"
@@ -201,11 +201,10 @@ def test_records_before_an_end_go_out_before_the_end_is_looked_at() -> None:
     # skipped for good. Sent first, they count as fetched: the end is kept, and the
     # first record's own check seeks when its result comes back.
     consumer = ScriptedConsumer()
-    loop, _, partition = make_loop(consumer)
+    pool = SentChunks()
+    loop, _, partition = make_loop(consumer, pool)  # type: ignore[arg-type]
     positioned(loop, partition, 0)
     loop.positions.next_batch()
-    pool = SentChunks()
-    loop.pool = pool  # type: ignore[assignment]
     consumer.batches.append([*batch(98, 99), eof(100)])
     loop.iterate()
     [(epoch, offsets)] = pool.sent

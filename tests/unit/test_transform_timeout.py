@@ -135,11 +135,11 @@ def test_the_marker_names_the_record_only_while_its_transform_runs(flowing: bool
         yield from square(rec)
 
     loop.transform = spying
-    loop.process(batch(2810, 2810), time.monotonic())  # the first after a seek: _one
+    loop.runner.process(batch(2810, 2810), time.monotonic())  # the first after a seek: _one
     assert partition.flowing
     if not flowing:
         partition.flowing = False  # every record through _one
-    loop.process(batch(2811, 2812), time.monotonic())
+    loop.runner.process(batch(2811, 2812), time.monotonic())
     assert [getattr(r, "offset", None) for r in seen] == [2810, 2811, 2812]
     assert loop.watch.record is None, "cleared after a call that raised too"
     assert committer.written == [2810, 2811]
@@ -217,7 +217,7 @@ def overrun_loop(count: int, **env: str) -> tuple[Loop, LetterCommitter, list[in
 
 def test_the_loop_dead_letters_an_exhausted_record_without_calling_the_transform() -> None:
     loop, committer, called = overrun_loop(3, TXSTAGE_DLQ_TOPIC="dlq")
-    loop.process(batch(2810, 2815), time.monotonic())
+    loop.runner.process(batch(2810, 2815), time.monotonic())
     assert called == [2810, 2811, 2813, 2814, 2815], "2812 is not called"
     assert committer.written == list(range(2810, 2816))
     [letter] = committer.outputs[2812]
@@ -227,7 +227,7 @@ def test_the_loop_dead_letters_an_exhausted_record_without_calling_the_transform
 
 def test_the_loop_calls_the_transform_again_while_attempts_are_left() -> None:
     loop, committer, called = overrun_loop(2, TXSTAGE_DLQ_TOPIC="dlq")
-    loop.process(batch(2810, 2813), time.monotonic())
+    loop.runner.process(batch(2810, 2813), time.monotonic())
     assert called == [2810, 2811, 2812, 2813]
     assert {out.topic for outs in committer.outputs.values() for out in outs} == {"out"}
 
@@ -243,7 +243,7 @@ def test_without_a_dlq_an_exhausted_record_is_a_poison_record() -> None:
         dispatch(target, event)
 
     loop.dispatch = spying  # type: ignore[method-assign]
-    loop.process(batch(2810, 2813), time.monotonic())
+    loop.runner.process(batch(2810, 2813), time.monotonic())
     assert called == [2810, 2811] and committer.written == [2810, 2811]
     [poisoned] = [e for e in events if isinstance(e, sm.Poisoned)]
     assert poisoned.error.offset == 2812 and isinstance(poisoned.error.cause,

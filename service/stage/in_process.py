@@ -1,5 +1,6 @@
-"""The hot path: a consumed batch, record by record, through the transform into
-the guarantee, with the clock looked at between records (checkpoints)."""
+"""The first runner (stage/runner.py), and the hot path: a consumed batch, record by
+record, through the transform in the loop's own thread into the guarantee, with the
+clock looked at between records (checkpoints)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from service.kafka.messages import to_record
 from service.stage import machine as sm
 from service.stage.holding import Holding
 from service.stage.partition import Partition
+from service.stage.runner import tell_written
 from service.stage.transform_watch import exhausted
 
 log = structlog.get_logger(__name__)
@@ -45,8 +47,19 @@ _NO_LIMIT = 1 << 62
 _ACTIVE = sm.Phase.ACTIVE
 
 
-class Batch(Holding):
-    """The hot path of :class:`Loop`: a consumed batch through the transform."""
+class InProcess(Holding):
+    """A runner: the transform runs in the loop's thread, record by record."""
+
+    # Whether every record's results come with the batch (``saved``), to be
+    # replayed in runs: a runner whose transform ran elsewhere (OnWorkers).
+    _replays = False
+
+    def run(self, messages: Iterable[Message], now: float, wait_s: float) -> None:
+        if messages:
+            self.process(messages, now)
+
+    def waiting(self) -> bool:
+        return False
 
     def process(self, messages: Iterable[Message], now: float,  # noqa: PLR0915 (inlined:
                 saved: dict[int, list[Output]] | None = None) -> None:  # the hot path)
@@ -77,7 +90,7 @@ class Batch(Holding):
         # runs; in-process, a held record's (an output topic was looked up), each
         # checked and written on its own by ``_one``, as the first record after any
         # pause (its transaction opens as it is written, not at the run's end).
-        replayed = bool(saved) and self.pool is not None
+        replayed = bool(saved) and self._replays
         if replayed:
             transform = _replaying(saved, transform)  # type: ignore[arg-type]
         default_topic, dlq_topic = self.settings.output_topic, self.settings.dlq_topic or None
@@ -181,20 +194,22 @@ class Batch(Holding):
         # Due by age once ``_GRACE`` past its interval: a fast batch ends within it and
         # the tick commits then, as for any batch, with no record held.
         aged = now - self.policy.interval_s * _GRACE
+        policy = self.policy
         for partition in list(self.partitions.values()):
             if partition.batch_records:
-                self._tell_written(partition)
-            if partition.state.due(aged, self.policy):
-                self.reporter.warn_near_timeout(partition, now, self.policy)
+                tell_written(partition, policy)
+            if partition.state.due(aged, policy):
+                self.reporter.warn_near_timeout(partition, now, policy)
                 self.dispatch(partition, sm.CommitDue(now))
         return False
 
     def _processed(self, consumed: int) -> None:
         """A batch is done: tell the state machine what each partition wrote; count."""
         self.metrics.consumed.inc(consumed)
+        policy = self.policy
         for partition in self.partitions.values():
             if partition.batch_records:
-                self._tell_written(partition)
+                tell_written(partition, policy)
         produced = self._produced
         for topic, count in produced.items():
             self.metrics.produced.labels(topic=topic).inc(count)
@@ -303,12 +318,6 @@ class Batch(Holding):
                 self.topics.ask(exc.topic, exc.lookup)
             self.dispatch(partition, sm.TopicUnknown(exc.topic))
             self._hold(partition, msg)
-
-    def _tell_written(self, partition: Partition) -> None:
-        event = sm.Wrote(partition.batch_first, partition.batch_next, partition.batch_records,
-                         partition.batch_since, partition.batch_first_ts, partition.batch_last_ts)
-        partition.batch_records = 0
-        partition.state, _ = sm.transition(partition.state, event, self.policy)
 
 
 def _replaying(saved: dict[int, list[Output]], transform: Transform) -> Transform:
