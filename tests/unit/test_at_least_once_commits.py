@@ -32,7 +32,7 @@ from service.stage.loop import Loop
 from service.stage.machine import DeliveryFailed, Event
 from service.stage.partition import Partition
 from service.stage.replica import Stage
-from tests.unit.test_positioning import POLICY, ScriptedConsumer, batch, make_loop, positioned
+from tests.unit.fakes import POLICY, ScriptedConsumer, batch, make_loop, positioned
 
 KEY = ("in", 3)
 SETTINGS = {

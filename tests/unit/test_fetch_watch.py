@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from service.stage import machine as sm
 from service.stage.fetch_watch import CONFIRM_S, MAX_WAIT_S, FetchWatch
 from service.stage.housekeeping import should_fetch
-from tests.unit.test_positioning import ScriptedConsumer, make_loop, positioned
+from tests.unit.fakes import ScriptedConsumer, make_loop, positioned
 
 P0, P1 = ("in", 0), ("in", 1)
 

@@ -9,8 +9,8 @@ from confluent_kafka import KafkaError, Message
 
 from service.stage import machine as sm
 from service.stage.machine import Pause, Phase
+from tests.unit.fakes import TOPIC, ScriptedConsumer, batch, make_loop, positioned
 from tests.unit.test_partition_state import AT_LEAST_ONCE, POLICY, active, kinds, step
-from tests.unit.test_positioning import TOPIC, ScriptedConsumer, batch, make_loop, positioned
 
 
 def test_an_open_transaction_commits_the_end_past_the_markers() -> None:

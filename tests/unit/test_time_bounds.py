@@ -23,8 +23,7 @@ from service.observability.health import Health
 from service.stage import machine as sm
 from service.stage.loop import Loop
 from service.stage.partition import Partition, TopicPartitionKey
-from tests.unit.test_loop_runs import GroupConsumer, OrderedCommitter
-from tests.unit.test_positioning import POLICY, batch, make_loop, positioned
+from tests.unit.fakes import POLICY, GroupConsumer, OrderedCommitter, batch, make_loop, positioned
 
 DELAY_S = 0.02
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from service.stage import machine as sm
 from service.stage.budget import budgeted_interval
 from service.stage.partition import Partition
-from tests.unit.test_positioning import ScriptedConsumer, make_loop
+from tests.unit.fakes import ScriptedConsumer, make_loop
 
 
 def test_a_few_partitions_keep_the_configured_interval() -> None:

@@ -23,8 +23,7 @@ from service.stage.loop import Loop
 from service.stage.overruns import decode, encode, key_of, partition_of
 from service.stage.partition import Partition, TopicPartitionKey
 from service.stage.transform_watch import Marker, TransformWatch, exhausted, timeout_ms
-from tests.unit.test_loop_runs import GroupConsumer, OrderedCommitter
-from tests.unit.test_positioning import POLICY, batch, make_loop
+from tests.unit.fakes import POLICY, GroupConsumer, OrderedCommitter, batch, make_loop
 
 OVERRUN = sm.Overrun(offset=2812, count=3, timeout_ms=60_000)  # POLICY: 3 attempts
 
