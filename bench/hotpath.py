@@ -5,7 +5,7 @@
 Feeds synthetic consumed messages (1 KB values, one input partition per 500-record
 batch, as a fetch delivers them) to:
 
-- ``stage_eos``: ``Loop.process`` with the exactly-once committer; its pinned
+- ``stage_eos``: ``InProcess.process`` (the runner) with the exactly-once committer; its pinned
   producer's client is a plain producer pointed at a closed port, so ``produce()``
   only queues (no transaction, no network);
 - ``stage_alo``: the same with the at-least-once committer (its delivery reports

@@ -56,7 +56,7 @@ class Partition:
         self._state = PartitionState(Phase.INITIALISING)
         self.flowing = False              # state.flowing, kept as the state changes
         # Records consumed and not processed yet, in order: while a commit or a lookup
-        # runs, or handed back at the poll-gap bound (Batch.process). Their bytes (key,
+        # runs, or handed back at the poll-gap bound (InProcess.process). Their bytes (key,
         # value, headers) are counted to pause the partition at the limits.
         self.held: list[Message] = []
         self.held_bytes = 0
