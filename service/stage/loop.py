@@ -5,11 +5,12 @@ Kafka except in ``consume()``: commits, aborts, inits and lookups are jobs.
 One iteration:
 1. ``consume()`` a batch (rebalance callbacks run inside it);
 2. settle: dispatch the events of finished jobs and of delivery reports;
-3. process the batch, partition by partition in offset order;
+3. run: the runner (stage/runner.py) turns the batch into results, partition by
+   partition in offset order;
 4. tick: start the commits that are due, end backoffs, reclaim fenced partitions.
 
 A batch is a unit of fetching, not of time (docs/state-machine.md, "Time bounds
-the work"): between records ``process`` looks at the clock, and a checkpoint starts
+the work"): between records the runner looks at the clock, and a checkpoint starts
 the commits that fell due, beats the liveness heartbeat and ends the batch when the
 replica stops. Records of a committing partition are held, in order, meanwhile.
 """
