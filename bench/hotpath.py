@@ -5,7 +5,7 @@
 Feeds synthetic consumed messages (1 KB values, one input partition per 500-record
 batch, as a fetch delivers them) to:
 
-- ``stage_eos``: ``Loop.process`` with the exactly-once committer; its pinned
+- ``stage_eos``: ``InProcess.process`` (the runner) with the exactly-once committer; its pinned
   producer's client is a plain producer pointed at a closed port, so ``produce()``
   only queues (no transaction, no network);
 - ``stage_alo``: the same with the at-least-once committer (its delivery reports
@@ -42,6 +42,7 @@ from service.stage import machine as sm
 from service.stage.guarantees.at_least_once import AtLeastOnce
 from service.stage.guarantees.exactly_once import ExactlyOnce
 from service.stage.guarantees.guarantee import Guarantee
+from service.stage.in_process import InProcess
 from service.stage.loop import Loop
 from service.stage.partition import Partition
 
@@ -112,7 +113,8 @@ def _loop(guarantee: str) -> Loop:
 def _process(loop: Loop) -> Callable[[list[Message]], object]:
     """As ``Loop.iterate`` calls it: with the monotonic clock's now (the loop compares
     it with the clock between records)."""
-    return lambda batch: loop.process(batch, time.monotonic())
+    runner = cast(InProcess, loop.runner)
+    return lambda batch: runner.process(batch, time.monotonic())
 
 
 def _bare(producer: Producer) -> Callable[[list[Message]], object]:

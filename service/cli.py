@@ -304,7 +304,7 @@ def _install_signal_handlers(stage: Stage) -> None:
     # SIGUSR1: every thread's stack to stderr now (even if the loop is stuck), and
     # each partition's state as one log line at the loop's next housekeeping.
     def describe(signum: int, frame: FrameType | None) -> None:
-        stage.loop.describe_requested = True
+        stage.loop.housekeeper.describe_requested = True
 
     signal.signal(signal.SIGUSR1, describe)
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)  # runs first

@@ -49,7 +49,7 @@ def consumer_config(settings: Settings) -> Config:
     config: Config = {
         "auto.offset.reset": "earliest",
         # The end of each partition, reported once per reaching it: the lag gauge's
-        # end past commit markers (Loop._consume_error).
+        # end past commit markers (Loop.consume_error).
         "enable.partition.eof": True,
         **(_classic_session(settings) if classic else {}),
         "max.poll.interval.ms": 300_000,

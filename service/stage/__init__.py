@@ -2,14 +2,16 @@
 
     replica.py       Stage: wires consumer, guarantee, loop, listener, watchdog
     rebalance.py     the listener: assign → init beside the loop; revoke/lost → finish
-    loop.py          one iteration: consume, settle, process, tick; dispatch + actions
-    batch.py         the hot path: a consumed batch through the transform (checkpoints)
-    holding.py       records consumed, not processed yet: held in order, bounded, drained
-    offload.py       TXSTAGE_WORKERS: chunks to worker processes, results back in order
+    loop.py          one iteration: consume, settle, run, tick; dispatch + actions
+    runner.py        the seam where consumed records become results (Runner)
+    in_process.py    the first runner and the hot path: the transform in the loop's thread
+    holding.py       a runner's state; records consumed, not processed yet, held in order
+    offload.py       TXSTAGE_WORKERS: the runner whose transform runs in worker processes
+    positioning.py   one partition's seek, until its first record is checked (pure)
     positions.py     where a partition resumes: committed offset looked up, seek landed
-    reports.py       the state machine's reports as log lines and metrics
+    topic_lookups.py output topics a record waits for, looked up beside the loop
+    reports.py       the Reporter: reports as log lines and metrics (Metrics.count_*)
     housekeeping.py  once a second: readiness, stalled and stuck partitions, fetching
-    loop_state.py    the fields and cross-part calls the loop's parts share
     machine/         a partition's state and every legal transition (pure)
     partition.py     what the loop keeps per partition beside its state
     jobs.py          the Kafka calls that wait, run beside the loop

@@ -5,25 +5,84 @@ later (docs/state-machine.md, "Time bounds the work")."""
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterator
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator, Mapping
 from itertools import chain
 
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, Message
 
-from service.contract.records import Output
+from service.contract.records import Output, Transform
+from service.kafka.cluster import OutputLimits
+from service.observability.health import Health
+from service.observability.metrics import Metrics
+from service.settings import Settings
 from service.stage import machine as sm
-from service.stage.loop_state import LoopState
-from service.stage.partition import Partition
+from service.stage.guarantees.guarantee import Guarantee
+from service.stage.partition import Partition, TopicPartitionKey
+from service.stage.positions import Positions
+from service.stage.reports import Reporter
+from service.stage.runner import Host
+from service.stage.topic_lookups import TopicLookups
+from service.stage.transform_watch import Marker
 
 
-class Holding(LoopState):
-    """The held records of :class:`Loop`'s partitions."""
+class Holding:
+    """A runner's own state, and the records its partitions hold. ``host``: the loop
+    (its configuration as it is now, and how it acts on a partition);
+    ``partitions``: the loop's, read only; ``watch``: the record being transformed,
+    for the transform watch (TXSTAGE_TRANSFORM_TIMEOUT_MS)."""
 
-    def _stale(self, partition: Partition, offset: int) -> bool:
-        """A record fetched before the partition's last seek: it is read again."""
-        return offset < partition.position or partition.seek_to is not None \
-            or partition.seek_batch == self._batch
+    def __init__(self, host: Host, settings: Settings, metrics: Metrics,
+                 partitions: Mapping[TopicPartitionKey, Partition], positions: Positions,
+                 reporter: Reporter, topics: TopicLookups, watch: Marker) -> None:
+        self._host = host
+        self.settings = settings
+        self.metrics = metrics
+        self.partitions = partitions
+        self.positions = positions
+        self.reporter = reporter
+        self.topics = topics
+        self.watch = watch
+        self.held_bytes = 0  # the bytes every partition holds (_hold)
+        self.yield_at = math.inf  # the poll-gap bound: processing hands back by then
+        self.stopping = False  # the replica stops: the batch ends at the next record
+        self._produced: Tally[str] = Tally()
+        self._transform_seconds: Callable[[float], None] = metrics.transform_seconds.observe
+
+    # The host's configuration, read as it is now.
+    @property
+    def committer(self) -> Guarantee:
+        return self._host.committer
+
+    @property
+    def transform(self) -> Transform:
+        return self._host.transform
+
+    @property
+    def limits(self) -> OutputLimits:
+        return self._host.limits
+
+    @property
+    def policy(self) -> sm.Policy:
+        return self._host.policy
+
+    @property
+    def health(self) -> Health:
+        return self._host.health
+
+    def dispatch(self, partition: Partition, event: sm.Event) -> None:
+        self._host.dispatch(partition, event)
+
+    def _consume_error(self, error: KafkaError, msg: Message) -> None:
+        self._host.consume_error(error, msg)
+
+    def bound(self, yield_at: float) -> None:
+        self.yield_at = yield_at
+
+    def stop(self) -> None:
+        self.stopping = True
 
     def _hand_back(self, first: Message, rest: Iterator[Message],
                    saved: dict[int, list[Output]] | None) -> None:
@@ -38,7 +97,7 @@ class Holding(LoopState):
                 self._consume_error(error, msg)
                 continue
             partition = partitions.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
-            if partition is None or self._stale(partition, msg.offset()):  # type: ignore[arg-type]
+            if partition is None or self.positions.stale(partition, msg.offset()):  # type: ignore[arg-type]
                 continue
             state = partition.state
             if state.holding or partition.held or (state.phase is sm.Phase.ACTIVE and not (
@@ -87,6 +146,16 @@ class Holding(LoopState):
                 and self.held_bytes < policy.held_max_bytes:
             self.dispatch(partition, sm.BacklogDrained())
 
+    def discard(self, partition: Partition) -> None:
+        """What the partition holds (or has out in workers) is stale (a seek, an
+        abort, a release): forget it; its records are read again."""
+        self._take_held(partition)
+        partition.epoch += 1
+
+    def process(self, messages: Iterator[Message] | list[Message], now: float,
+                saved: dict[int, list[Output]] | None = None) -> None:
+        raise NotImplementedError  # the runner's own
+
     def _take_held(self, partition: Partition) -> tuple[list[Message], dict[int, list[Output]]]:
         """The partition's held records and saved outputs, no longer counted as held."""
         held, partition.held = partition.held, []
@@ -95,7 +164,7 @@ class Holding(LoopState):
         partition.held_bytes = 0
         return held, saved
 
-    def _drain(self, partition: Partition) -> None:
+    def drain(self, partition: Partition) -> None:
         """Process what the partition holds (before anything fetched later), as far as
         the poll-gap bound allows; the rest stays held, in order. Once below the
         limits, an active partition fetches again."""

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import structlog
 
+from service.stage.guarantees.guarantee import ReleaseReport
 from service.stage.machine import Event
 from service.stage.partition import Completion, Partition
 
@@ -37,7 +38,7 @@ class Jobs:
         self._running = 0
         self._stuck = 0  # written-off jobs still holding their threads
 
-    def start(self, partition: Partition, job: Callable[[], Event | None], *,
+    def start(self, partition: Partition, job: Callable[[], Event | ReleaseReport | None], *,
               startup: bool = False) -> None:
         """Run ``job`` for ``partition``; its completion is the partition's next event.
         ``startup``: an init or a position read, on the startup pool."""

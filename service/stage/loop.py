@@ -5,11 +5,12 @@ Kafka except in ``consume()``: commits, aborts, inits and lookups are jobs.
 One iteration:
 1. ``consume()`` a batch (rebalance callbacks run inside it);
 2. settle: dispatch the events of finished jobs and of delivery reports;
-3. process the batch, partition by partition in offset order;
+3. run: the runner (stage/runner.py) turns the batch into results, partition by
+   partition in offset order;
 4. tick: start the commits that are due, end backoffs, reclaim fenced partitions.
 
 A batch is a unit of fetching, not of time (docs/state-machine.md, "Time bounds
-the work"): between records ``process`` looks at the clock, and a checkpoint starts
+the work"): between records the runner looks at the clock, and a checkpoint starts
 the commits that fell due, beats the liveness heartbeat and ends the batch when the
 replica stops. Records of a committing partition are held, in order, meanwhile.
 """
@@ -17,16 +18,12 @@ replica stops. Records of a committing partition are held, in order, meanwhile.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
-from collections import Counter as Tally
-from collections.abc import Callable, Iterable
-from concurrent.futures import Future
+from collections.abc import Iterable
+from dataclasses import replace
 
 import structlog
 from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_END,
     Consumer,
     KafkaError,
     Message,
@@ -46,15 +43,18 @@ from service.observability.health import Health
 from service.observability.metrics import Metrics
 from service.settings import Settings
 from service.stage import machine as sm
-from service.stage.batch import Batch
 from service.stage.fetch_watch import FetchWatch
-from service.stage.guarantees.guarantee import Guarantee
-from service.stage.housekeeping import Housekeeping
+from service.stage.guarantees.guarantee import Guarantee, group_metadata_of
+from service.stage.housekeeping import Housekeeper
+from service.stage.in_process import InProcess
 from service.stage.jobs import Jobs
-from service.stage.offload import Offload
+from service.stage.offload import OnWorkers
+from service.stage.overruns import OverrunBook
 from service.stage.partition import Partition, TopicPartitionKey
 from service.stage.positions import Positions
-from service.stage.reports import Reports
+from service.stage.reports import Reporter
+from service.stage.runner import Runner, tell_written
+from service.stage.topic_lookups import TopicLookups
 from service.stage.transform_watch import Marker
 from service.stage.workers import WorkerPool
 
@@ -67,9 +67,12 @@ _MAX_STUCK_CALLS = 4
 _BUSY_POLL_S = 0.005  # consume()'s wait while a commit runs or records are held
 
 
-class Loop(Batch, Offload, Positions, Reports, Housekeeping):
-    """One replica's consumer loop over the partitions it owns. Its parts are
-    mixins over the one object, so the hot path pays no extra indirection."""
+class Loop:
+    """One replica's consumer loop over the partitions it owns. It carries out what
+    the state machine decides with its parts, each an object of its own: the
+    ``runner`` (records to results), ``positions`` (seeks), ``reporter`` (log lines
+    and metrics), ``housekeeper`` (the once-a-second watch) and ``topics`` (output
+    topic lookups)."""
 
     def __init__(self, settings: Settings, transform: Transform, metrics: Metrics,
                  health: Health, limits: OutputLimits, consumer: Consumer,
@@ -86,59 +89,46 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
         self.jobs = Jobs()
         self.partitions: dict[TopicPartitionKey, Partition] = {}
         self.recorded: list[BaseException] = []
-        self._topic_lookups: dict[str, Future[object]] = {}
-        self._lookups: dict[str, Callable[[], object]] = {}  # TopicLimitPending.lookup
-        self._produced: Tally[str] = Tally()
-        self._next_housekeeping = 0.0
-        self._batch = 0  # consume() calls so far
-        self._assigning_since: float | None = None
-        self.pool = pool  # TXSTAGE_WORKERS: the transform runs there (Offload)
-        self.inflight_records = 0
+        self.pool = pool  # TXSTAGE_WORKERS: the transform runs there (OnWorkers)
         metrics.commit_interval.set(policy.commit_interval_s)
-        self._workers_counted = (0, 0, 0.0)
-        # With workers the main process only replays what they yielded: their own
-        # timings are observed instead (Offload._complete).
-        self._transform_seconds = metrics.transform_seconds.observe if pool is None \
-            else _unobserved
         self.fetch_watch = FetchWatch(settings.fetch_stall_s)
-        self._fetch_check: tuple[dict[TopicPartitionKey, int], Future[object]] | None = None
-        self.describe_requested = False  # set by SIGUSR1: log every partition's state
-        self.stopping = False  # set by Stage.stop (a signal): the batch ends at the next record
-        self._warned_near_timeout = False
-        # A waiting phase lasting longer than a transaction could is worth a warning.
-        self._stalled_after_s = max(policy.transaction_timeout_s, 30.0) + 30.0
-        self._no_offset = OFFSET_END if settings.starts_at_end else OFFSET_BEGINNING
+        # A seek makes what the partition holds stale: the runner (built below) forgets it.
+        self.positions = Positions(consumer, metrics, settings, self.partitions,
+                                   lambda partition: self.runner.discard(partition),  # noqa: PLW0108
+                                   self.fetch_watch.stall_after_s)
+        self.topics = TopicLookups(self.jobs)
+        self._group_metadata = group_metadata_of(consumer)
         self.polled_at = time.monotonic()  # when consume() last returned
-        self.yield_at = math.inf  # the poll-gap bound: processing hands back by then
-        self.held_bytes = 0  # the bytes every partition holds (Batch._hold)
         # Read at scrape time, so it grows while the loop is stuck between two polls.
         metrics.seconds_since_poll.set_function(lambda: time.monotonic() - self.polled_at)
         self.watch = Marker()
-        self.overruns = None  # the Stage's, when TXSTAGE_TRANSFORM_TIMEOUT_MS is on
+        # The committer as it is when a line is logged (a test may replace it).
+        self.reporter = Reporter(metrics, health, self.partitions,
+                                 lambda key: self.committer.transactional_id(key))  # noqa: PLW0108
+        self.housekeeper = Housekeeper(settings, metrics, consumer, self.jobs, self.partitions,
+                                       self.reporter, self.fetch_watch,
+                                       policy.transaction_timeout_s)
+        self.overruns: OverrunBook | None = None  # the Stage's (TXSTAGE_TRANSFORM_TIMEOUT_MS)
+        parts = (self, settings, metrics, self.partitions, self.positions, self.reporter,
+                 self.topics, self.watch)
+        self.runner: Runner = InProcess(*parts) if pool is None else OnWorkers(*parts, pool)
 
     def iterate(self) -> None:
         self.health.beat()
-        self._batch += 1
-        pool = self.pool
+        self.positions.next_batch()
+        runner = self.runner
         wait_s = self._poll_timeout_s()
         # Results on their way from the workers: Kafka is only looked at, the wait is
-        # for whichever comes first (serve, below).
+        # for whichever comes first (the runner's).
         messages = self.consumer.consume(self.settings.batch_size,
-                                         0 if pool is not None and pool.in_flight else wait_s)
+                                         0 if runner.waiting() else wait_s)
         now = self.polled_at = time.monotonic()
-        self.yield_at = now + self.policy.poll_gap_s
+        runner.bound(now + self.policy.poll_gap_s)
         if len(messages) < self.settings.batch_size:
             self.fetch_watch.short_batches += 1  # librdkafka's queue ran dry
         self.raise_recorded()
         self.settle(now)
-        if pool is None:
-            if messages:
-                self.process(messages, now)
-        else:
-            if messages:
-                self._submit(messages)
-            pool.serve(0 if messages or not pool.in_flight else wait_s)
-            self._complete(time.monotonic())
+        runner.run(messages, now, wait_s)
         self.tick(time.monotonic())
 
     def settle(self, now: float) -> None:
@@ -155,18 +145,16 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
             if self.partitions.get(partition.key) is partition:
                 self.dispatch(partition, event)  # type: ignore[arg-type]
             else:
-                self._abandoned(partition, event)  # type: ignore[arg-type]
+                self.reporter.abandoned(partition, event)
         for key, reported in self.committer.poll(now):
             owner = self.partitions.get(key)
             if owner is not None:
                 self.dispatch(owner, reported)
-        for topic, future in list(self._topic_lookups.items()):
-            if future.done():
-                del self._topic_lookups[topic]
-                for partition in list(self.partitions.values()):
-                    if partition.waiting_topic == topic:
-                        partition.waiting_topic = None
-                        self.dispatch(partition, sm.TopicResolved(topic))
+        for topic in self.topics.resolved():
+            for partition in list(self.partitions.values()):
+                if partition.waiting_topic == topic:
+                    partition.waiting_topic = None
+                    self.dispatch(partition, sm.TopicResolved(topic))
         # Records handed back at the poll-gap bound (or left by a drain it cut short),
         # the longest held first, before anything consumed since: as far as the bound
         # allows, the rest waits for the next iteration. One paused for the replica's
@@ -175,47 +163,60 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
                    if (p.held or sm.Pause.BACKLOG in p.state.pauses)
                    and not p.state.holding and p.state.phase is sm.Phase.ACTIVE]
         for partition in sorted(waiting, key=_held_since):
-            self._drain(partition)
+            self.runner.drain(partition)
 
     def _poll_timeout_s(self) -> float:
         """How long consume() may wait for records: TXSTAGE_POLL_TIMEOUT_MS, but only a
         moment while a commit runs or records are held. A partition that is committing
         or paused for its held records fetches nothing, so a full wait idled the loop
         after each commit: one lagging partition committed at half its transform's pace."""
-        if self.held_bytes or any(p.state.phase is sm.Phase.COMMITTING
+        if self.runner.held_bytes or any(p.state.phase is sm.Phase.COMMITTING
                                    for p in self.partitions.values()):
             return _BUSY_POLL_S
         return self.settings.poll_timeout_ms / 1000
 
     def tick(self, now: float) -> None:
         policy = self.policy
-        self._retry_seeks(now)
+        self.positions.retry(now)
         for partition in list(self.partitions.values()):
             state = partition.state
             if partition.batch_records:
-                self._tell_written(partition)
+                tell_written(partition, policy)
                 state = partition.state
             if partition.fetched_end is not None:
-                self._tell_end(partition, now)
+                end = self.positions.end_reached(partition, now)
+                if end is not None:
+                    self.dispatch(partition, end)
                 state = partition.state
             if state.due(now, policy):
-                self._warn_near_timeout(partition, now)
+                self.reporter.warn_near_timeout(partition, now, policy)
                 self.dispatch(partition, sm.CommitDue(now))
             elif state.resume_at is not None or state.fenced_at is not None:
                 self.dispatch(partition, sm.Tick(now))
         self._housekeeping(now)
 
+    def _housekeeping(self, now: float) -> None:
+        """Once a second (the housekeeper says when): carry out what it found."""
+        chores = self.housekeeper.run(now, self.policy, self.runner.held_bytes, self.pool,
+                                      self.limits)
+        for partition, event in chores.events:
+            self.dispatch(partition, event)
+        for partition in chores.restarts:
+            self.positions.restart_fetch(partition)
+        if chores.interval_s is not None:
+            self.policy = replace(self.policy, stretched_interval_s=chores.interval_s)
+
     def interrupt(self) -> None:
         """The replica stops (signal-handler safe): the batch ends after the record
         being transformed; what was processed is released by the stop."""
-        self.stopping = True
+        self.runner.stop()
 
     def dispatch(self, partition: Partition, event: sm.Event) -> None:
         if partition.batch_records:
-            self._tell_written(partition)
+            tell_written(partition, self.policy)
         error = getattr(event, "error", None)
         if isinstance(error, KafkaOperationError):
-            self._error_metric(error)
+            self.reporter.kafka_error(error)
         if (isinstance(error, KafkaOperationError) and error.code in LOOK_AGAIN) or any(
                 f.code in LOOK_AGAIN for f in getattr(event, "failures", ())):
             self.limits.forget()  # was an output topic deleted? look each one up again
@@ -233,21 +234,22 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
             case sm.PausePartition():
                 self.consumer.pause([partition.tp])
             case sm.ResumePartition():
-                if partition.seek_to is None:  # else: once the seek lands
+                if partition.seek.seek_to is None:  # else: once the seek lands
                     self.consumer.resume([partition.tp])
             case sm.Seek(offset):
-                self._seek(partition, offset)
+                self.positions.seek(partition, offset)
             case sm.StartInit(replacing):
                 if not partition.releasing:
                     self.jobs.start(partition, self.committer.init(partition.key, replacing),
                                     startup=True)
             case sm.LookupPosition(after_commit):
                 if not partition.releasing:
-                    self.jobs.start(partition, self._lookup_position(partition, after_commit),
-                                    startup=True)
+                    self.jobs.start(partition, self.positions.lookup(
+                        partition, self.limits.cluster, self.overruns, after_commit),
+                        startup=True)
             case sm.StartCommit(txn):
                 self._run(partition, self.committer.commit(
-                    partition.key, txn, self._take_group_metadata))
+                    partition.key, txn, self._group_metadata))
             case sm.StartAbort(txn):
                 self._run(partition, self.committer.abort(partition.key, txn))
             case sm.CloseProducer():
@@ -270,21 +272,21 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
                                                 f"process is needed"))
             case sm.Finish(txn, commit, reason, deadline):
                 work = self.committer.finish(partition.key, txn, commit, reason,
-                                             self._take_group_metadata, deadline)
+                                             self._group_metadata, deadline)
                 if work is not None:
                     self.jobs.start(partition, work)
             case sm.Abandon():
                 self.jobs.abandon(partition, self.committer.detach(partition.key))
             case sm.DrainHeld():
-                self._drain(partition)
+                self.runner.drain(partition)
             case sm.DropHeld():
-                self._discard(partition)
+                self.runner.discard(partition)
             case sm.LookupTopic(topic):
-                self._lookup_topic(partition, topic)
+                self.topics.start(partition, topic, self.limits)
             case sm.Fail(error):
                 raise error
             case _:
-                self._report(partition, action)
+                self.reporter.report(partition, action, self.policy)
 
     def _run(self, partition: Partition, work: object) -> None:
         """A committer answer: an event now, or a job to run beside the loop."""
@@ -295,7 +297,7 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         now = time.monotonic()
-        self._assigning_since = self._assigning_since or now
+        self.housekeeper.assigning(now)
         for tp in partitions:
             partition = Partition(tp.topic, tp.partition)
             partition.phase_since = now
@@ -303,7 +305,7 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
             partition.state, actions = sm.assigned()
             for action in actions:
                 self._execute(partition, action)
-        self.report_partitions()
+        self.reporter.partitions()
 
     def release(self, keys: Iterable[TopicPartitionKey], *, lost: bool, reason: str,
                 deadline: float) -> None:
@@ -339,12 +341,12 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
             completion = None if partition.job is startup.get(partition.key) else \
                 self.jobs.wait(partition, deadline)
             if completion is not None and completion[0] is not None:
-                self._abandoned(partition, completion[0])  # type: ignore[arg-type]
-            self._discard(partition)
+                self.reporter.abandoned(partition, completion[0])
+            self.runner.discard(partition)
             del self.partitions[partition.key]
             with contextlib.suppress(KeyError):
                 self.metrics.consumer_lag.remove(partition.topic, str(partition.partition))
-        self.report_partitions()
+        self.reporter.partitions()
 
     def _dispatch_recording(self, partition: Partition, event: sm.Event) -> None:
         try:
@@ -361,7 +363,7 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
         if self.recorded:
             raise self.recorded[0]
 
-    def _consume_error(self, error: KafkaError, msg: Message) -> None:
+    def consume_error(self, error: KafkaError, msg: Message) -> None:
         topic, number = msg.topic(), msg.partition()
         if error.code() == KafkaError._PARTITION_EOF:
             # The fetcher reached the end: past commit markers and aborted records,
@@ -369,7 +371,7 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
             # gauge's end).
             partition = self.partitions.get((topic, number))  # type: ignore[arg-type]
             if partition is not None:
-                self._fetched_to_end(partition, msg.offset())  # type: ignore[arg-type]
+                self.positions.fetched_to_end(partition, msg.offset())  # type: ignore[arg-type]
             return
         if error.code() in DENIALS:  # a missing ACL never heals by itself
             raise DeniedError(Where("consume", topic=topic, partition=number), error)
@@ -381,6 +383,3 @@ class Loop(Batch, Offload, Positions, Reports, Housekeeping):
 def _held_since(partition: Partition) -> float:
     return partition.held_since
 
-
-def _unobserved(seconds: float) -> None:
-    pass

@@ -1,6 +1,6 @@
 """``TXSTAGE_WORKERS=N``: consumed records go to worker processes a chunk per partition,
 and come back, in each partition's input order, as what the transform yielded; they
-are then processed as any batch is (``Batch.process``), from those results, so
+are then processed as any batch is (``InProcess.process``), from those results, so
 dead letters, lineage, size checks, commits, holds and the clock behave exactly as
 in-process. A record's results are never produced before every record consumed
 before it in its partition; a chunk whose partition was sought back, aborted or
@@ -8,25 +8,59 @@ released meanwhile (its epoch moved) is dropped, and its records are read again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping
 
 from confluent_kafka import Message
 
 from service.contract.records import Output
+from service.observability.metrics import Metrics
+from service.settings import Settings
 from service.stage import machine as sm
 from service.stage.holding import held_size
-from service.stage.loop_state import LoopState
+from service.stage.in_process import InProcess
 from service.stage.partition import Partition, TopicPartitionKey
+from service.stage.positions import Positions
+from service.stage.reports import Reporter
+from service.stage.runner import Host
+from service.stage.topic_lookups import TopicLookups
+from service.stage.transform_watch import Marker
+from service.stage.workers import WorkerPool
 from service.stage.workers.wire import WireRecord, replay, wire_record
 
 
-class Offload(LoopState):
-    """The part of :class:`Loop` that runs the transform in ``pool``."""
+class OnWorkers(InProcess):
+    """A runner: the transform runs in ``pool``'s worker processes; what they yield
+    is replayed through the in-process runner's per-record path."""
+
+    _replays = True
+
+    def __init__(self, host: Host, settings: Settings, metrics: Metrics,
+                 partitions: Mapping[TopicPartitionKey, Partition], positions: Positions,
+                 reporter: Reporter, topics: TopicLookups, watch: Marker,
+                 pool: WorkerPool) -> None:
+        super().__init__(host, settings, metrics, partitions, positions, reporter, topics,
+                         watch)
+        self.pool = pool
+        self.inflight_records = 0
+        # The main process only replays what the workers yielded: their own timings
+        # are observed instead (_complete).
+        self._transform_seconds = _unobserved
+
+    def run(self, messages: Iterable[Message], now: float, wait_s: float) -> None:
+        pool = self.pool
+        if messages:
+            self._submit(messages)
+        pool.serve(0 if messages or not pool.in_flight else wait_s)
+        self._complete(time.monotonic())
+
+    def waiting(self) -> bool:
+        return bool(self.pool.in_flight)
 
     def _submit(self, messages: Iterable[Message]) -> None:
         """Each partition's records of the batch, in order, as one chunk to the pool.
         An error in the batch (an end of partition, say) is handled where it stands:
-        the records before it are sent first, as ``Batch.process`` would have
+        the records before it are sent first, as ``InProcess.process`` would have
         processed them first (an end can seek the partition, and records before it
         must then count as out, not be sent after the seek)."""
         partitions = self.partitions
@@ -39,7 +73,7 @@ class Offload(LoopState):
                 continue
             key = (msg.topic(), msg.partition())
             partition = partitions.get(key)  # type: ignore[arg-type]
-            if partition is None or self._stale(partition, msg.offset()):  # type: ignore[arg-type]
+            if partition is None or self.positions.stale(partition, msg.offset()):  # type: ignore[arg-type]
                 continue
             state = partition.state
             if state.phase not in _RUNNING or (state.pauses and sm.Pause.BACKOFF in state.pauses):
@@ -54,7 +88,6 @@ class Offload(LoopState):
     def _send_chunks(self, chunks: dict[TopicPartitionKey,
                                         tuple[list[Message], list[WireRecord]]]) -> None:
         pool = self.pool
-        assert pool is not None
         for key, (msgs, records) in chunks.items():
             partition = self.partitions[key]
             size = sum(map(held_size, msgs))
@@ -69,7 +102,6 @@ class Offload(LoopState):
     def _complete(self, now: float) -> None:
         """Process the chunks whose results are in, each partition in input order."""
         pool = self.pool
-        assert pool is not None
         observe = self.metrics.transform_seconds.observe
         for chunk in pool.completed():
             partition: Partition = chunk.owner  # type: ignore[assignment]
@@ -86,16 +118,16 @@ class Offload(LoopState):
             self.process(chunk.messages, now, saved)
             self._unlimit(partition, len(partition.held))
 
-    def _discard(self, partition: Partition) -> None:
-        """What the partition holds or has out in workers is stale (a seek, an abort,
-        a release): forget it; its records are read again."""
-        self._take_held(partition)
-        partition.epoch += 1
-        if self.pool is not None:
-            for chunk in self.pool.discard(partition.key):
-                partition.inflight_bytes -= chunk.size
-                partition.inflight -= len(chunk.messages)
-                self.inflight_records -= len(chunk.messages)
+    def discard(self, partition: Partition) -> None:
+        super().discard(partition)
+        for chunk in self.pool.discard(partition.key):
+            partition.inflight_bytes -= chunk.size
+            partition.inflight -= len(chunk.messages)
+            self.inflight_records -= len(chunk.messages)
 
 
 _RUNNING = (sm.Phase.ACTIVE, sm.Phase.COMMITTING)
+
+
+def _unobserved(seconds: float) -> None:
+    pass

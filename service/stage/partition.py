@@ -10,6 +10,7 @@ from confluent_kafka import Message, TopicPartition
 
 from service.contract.records import Output
 from service.stage.machine import PartitionState, Phase
+from service.stage.positioning import Positioning
 
 TopicPartitionKey = tuple[str, int]
 
@@ -26,7 +27,6 @@ class Partition:
         "batch_next",
         "batch_records",
         "batch_since",
-        "check_first",
         "committed_at",
         "epoch",
         "fetched_end",
@@ -41,15 +41,10 @@ class Partition:
         "key",
         "phase_since",
         "position",
-        "rechecked",
         "releasing",
         "saved",
-        "seek_batch",
-        "seek_refused_since",
-        "seek_to",
-        "sought",
+        "seek",
         "stalled_warned",
-        "started_at",
         "tp",
         "waiting_topic",
     )
@@ -61,7 +56,7 @@ class Partition:
         self._state = PartitionState(Phase.INITIALISING)
         self.flowing = False              # state.flowing, kept as the state changes
         # Records consumed and not processed yet, in order: while a commit or a lookup
-        # runs, or handed back at the poll-gap bound (Batch.process). Their bytes (key,
+        # runs, or handed back at the poll-gap bound (InProcess.process). Their bytes (key,
         # value, headers) are counted to pause the partition at the limits.
         self.held: list[Message] = []
         self.held_bytes = 0
@@ -76,24 +71,12 @@ class Partition:
         self.saved: dict[int, list[Output]] = {}
         self.job: tuple[object, Future[Completion]] | None = None  # (token, future) in flight
         self.position = -1                # next offset expected; older ones are stale fetches
-        # Positioning is checked, not trusted (see Loop._seek): a seek librdkafka refused
-        # because the partition is not fetching yet, retried until it lands (the partition
-        # stays paused); then whether its first record is still to be checked (it must be
-        # at ``position``).
-        self.seek_to: int | None = None
-        self.seek_refused_since: float | None = None  # tick time of the first refusal
-        self.sought = -1                  # the offset last sought (< 0: none was committed)
-        # Nothing committed and auto.offset.reset=latest: the first record's offset,
-        # sought instead of the end while nothing is committed (Loop._check_first).
-        self.started_at: int | None = None
-        self.check_first = False
+        self.seek = Positioning()         # its last seek, until checked (Positions)
         # (position, offset) of the last end of the partition the fetcher reported
         # (PARTITION_EOF): past commit markers and aborted records, which take offsets
         # that are never delivered. While the position is as it was then, the
         # partition has read everything up to that offset.
         self.fetched_end: tuple[int, int] | None = None
-        self.rechecked: int | None = None  # the first record's offset, from beyond position
-        self.seek_batch = -1              # the consume() batch a seek was made in
         self.batch_first = self.batch_next = self.batch_records = 0  # written, not yet told
         self.batch_since = 0.0
         self.batch_first_ts = self.batch_last_ts = -1  # its first and last record's timestamps
@@ -111,7 +94,7 @@ class Partition:
                 "pauses": sorted(p.value for p in state.pause_reasons),
                 "open_records": state.txn.records if state.txn else 0,
                 "open_age_s": round(state.age(now), 1), "position": self.position,
-                "seek_pending": self.seek_to is not None, "held": len(self.held),
+                "seek_pending": self.seek.seek_to is not None, "held": len(self.held),
                 "held_bytes": self.held_bytes,
                 "job_running": self.job is not None,
                 "waiting_topic": self.waiting_topic, "releasing": self.releasing}
@@ -132,9 +115,9 @@ class Partition:
         self.refresh_flowing()
 
     def refresh_flowing(self) -> None:
-        """Flowing records skip every check (``Loop.process``): not while a seek is
+        """Flowing records skip every check (the runner's): not while a seek is
         pending or the first record after one is still to be checked."""
-        self.flowing = self._state.flowing and self.seek_to is None and not self.check_first
+        self.flowing = self._state.flowing and self.seek.settled
 
     @property
     def topic(self) -> str:

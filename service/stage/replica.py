@@ -194,8 +194,8 @@ class Stage:
             log.warning("offsets.commit_failed", code=first.name(), error=first.str(),
                         partitions=[f"{tp.topic}[{tp.partition}]@{tp.offset}"
                                     for tp in (partitions if error else failed)])
-        if self._offsets_committed is not None:
-            self._offsets_committed(error, partitions)
+        if self._offsets_committed is not None and self._offsets_committed(error, partitions):
+            self.loop.reporter.offsets_committed()
 
     def _on_client_error(self, error: KafkaError) -> None:
         """error_cb, on a librdkafka thread: log (folded, as every client's), and record a

@@ -1,8 +1,11 @@
-"""The state machine's reports turned into log lines and metrics."""
+"""The state machine's reports, and what the release path's jobs found, turned into
+log lines and metrics. The :class:`Reporter` is the one caller of ``Metrics.count_*``:
+a commit, an abort and a fence count here, wherever the stage learns of one."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 
 import structlog
 
@@ -11,9 +14,11 @@ from service.errors import (
     FencedError,
     KafkaOperationError,
 )
+from service.observability.health import Health
+from service.observability.metrics import Metrics
 from service.stage import machine as sm
-from service.stage.loop_state import LoopState
-from service.stage.partition import Partition
+from service.stage.guarantees.guarantee import ReleaseReport
+from service.stage.partition import Partition, TopicPartitionKey
 
 log = structlog.get_logger(__name__)
 
@@ -21,12 +26,23 @@ log = structlog.get_logger(__name__)
 _NEAR_TIMEOUT = 0.5
 
 
-class Reports(LoopState):
-    """The state machine's reports turned into log lines and metrics (a part of :class:`Loop`)."""
+class Reporter:
+    """Reports to log lines and metrics. ``partitions``: the loop's own (read for
+    readiness only); ``transactional_id``: a partition's, for the log lines."""
 
-    def _report(self, partition: Partition, action: sm.Action) -> None:
+    def __init__(self, metrics: Metrics, health: Health,
+                 partitions: Mapping[TopicPartitionKey, Partition],
+                 transactional_id: Callable[[TopicPartitionKey], str | None]) -> None:
+        self.metrics = metrics
+        self.health = health
+        self._partitions = partitions
+        self._transactional_id = transactional_id
+        self._warned_near_timeout = False
+
+    def report(self, partition: Partition, action: sm.Action, policy: sm.Policy) -> None:
+        """A report action of the state machine."""
         where = {"topic": partition.topic, "partition": partition.partition,
-                 "transactional_id": self.committer.transactional_id(partition.key)}
+                 "transactional_id": self._transactional_id(partition.key)}
         match action:
             case sm.Committed(txn, seconds):
                 partition.committed_at = time.monotonic()
@@ -42,7 +58,7 @@ class Reports(LoopState):
             case sm.Aborted("poison", _, attempt, cause):
                 self.metrics.count_abort("poison")
                 log.error("record.poison", **where, attempt=attempt,
-                          max_attempts=self.policy.max_record_attempts, error=cause)
+                          max_attempts=policy.max_record_attempts, error=cause)
             case sm.Aborted(reason, txn, streak, cause):
                 self.metrics.count_abort(reason)
                 log.warning("transaction.aborted", **where, reason=reason, streak=streak,
@@ -51,7 +67,7 @@ class Reports(LoopState):
             case sm.Fenced(txn, timed_out, cause):
                 self.metrics.count_fence(open_transaction=txn is not None, timed_out=timed_out)
                 log.warning("producer.fenced", **where, timed_out=timed_out, error=cause)
-                self.report_partitions()
+                self.partitions()
             case sm.Isolating(first, until):
                 log.warning("partition.isolating", **where, offsets=f"{first}..{until - 1}")
             case sm.RecordRefused(offset, cause):
@@ -61,21 +77,38 @@ class Reports(LoopState):
             case _:
                 raise TypeError(f"no executor for {action!r}")
 
-    def _error_metric(self, error: KafkaOperationError) -> None:
+    def kafka_error(self, error: KafkaOperationError) -> None:
         self.metrics.kafka_errors.labels(op=error.where.op, action=error.action).inc()
 
-    def _abandoned(self, partition: Partition, event: sm.Event) -> None:
+    def abandoned(self, partition: Partition, event: object) -> None:
         """The end of a job whose partition was given up while it ran (lost while
         committing, say): nothing is left to decide, but a fence it found is reported as
         any other is. (A paused replica that resumes often starts the commits that fell
         due meanwhile before it hears its partitions are lost; they meet its successor's
-        fence, which the operator must see.)"""
+        fence, which the operator must see.) A release's own commit or abort reports
+        what it found (``ReleaseReport``)."""
+        if isinstance(event, ReleaseReport):
+            self.released(event)
+            return
         error = getattr(event, "error", None)
         if isinstance(error, FencedError):
             self.metrics.count_fence(open_transaction=isinstance(event, sm.CommitFailed))
             log.warning("producer.fenced", topic=partition.topic, partition=partition.partition,
-                        transactional_id=self.committer.transactional_id(partition.key),
+                        transactional_id=self._transactional_id(partition.key),
                         on="abandoned", error=str(error))
+
+    def released(self, report: ReleaseReport) -> None:
+        """What a release's own commit or abort found (its job logged it)."""
+        if report.fenced is not None:
+            self.metrics.count_fence(open_transaction=report.fenced)
+        elif report.aborted is not None:
+            self.metrics.count_abort(report.aborted)
+        elif report.committed_s is not None:
+            self.metrics.count_commit(report.committed_s, report.records)
+
+    def offsets_committed(self) -> None:
+        """At-least-once: Kafka confirmed an offset commit (the consumer's on_commit)."""
+        self.metrics.count_commit()
 
     def _end_to_end(self, txn: sm.Txn) -> None:
         """A committed transaction's outputs are visible to read_committed readers now:
@@ -87,18 +120,18 @@ class Reports(LoopState):
                 self.metrics.end_to_end_seconds.labels(record=label).observe(
                     max(now_ms - stamp, 0.0) / 1000)
 
-    def _dead_lettered(self, partition: Partition, record: Record, error: BaseException) -> None:
+    def dead_lettered(self, partition: Partition, record: Record, error: BaseException) -> None:
         self.metrics.dead_lettered.inc()
         log.warning("record.dead_lettered", topic=record.topic, partition=record.partition,
                     offset=record.offset,
-                    transactional_id=self.committer.transactional_id(partition.key),
+                    transactional_id=self._transactional_id(partition.key),
                     error_class=type(error).__name__, error=str(error))
 
-    def _warn_near_timeout(self, partition: Partition, now: float) -> None:
+    def warn_near_timeout(self, partition: Partition, now: float, policy: sm.Policy) -> None:
         """A transaction that starts its commit with half its time-out gone means a
         record's transform takes nearly as long as a transaction may: said once."""
         txn = partition.state.txn
-        timeout_s = self.policy.transaction_timeout_s
+        timeout_s = policy.transaction_timeout_s
         if txn is None or self._warned_near_timeout or \
                 now - txn.opened_at < _NEAR_TIMEOUT * timeout_s:
             return
@@ -113,7 +146,8 @@ class Reports(LoopState):
                          "transaction.max.timeout.ms bounds it) or make the transform faster; "
                          "past the time-out the coordinator aborts the transaction")
 
-    def report_partitions(self) -> None:
+    def partitions(self) -> None:
         """Readiness: a partition is ready once it processes records."""
-        ready = sum(1 for p in self.partitions.values() if p.state.ready)
-        self.health.partitions(len(self.partitions), ready)
+        partitions = self._partitions
+        ready = sum(1 for p in partitions.values() if p.state.ready)
+        self.health.partitions(len(partitions), ready)

@@ -30,7 +30,7 @@ from service.stage.guarantees import exactly_once
 from service.stage.guarantees.exactly_once import ExactlyOnce
 from service.stage.loop import Loop
 from service.stage.partition import Partition, TopicPartitionKey
-from tests.unit.test_positioning import RecordingCommitter, ScriptedConsumer, make_loop
+from tests.unit.fakes import RecordingCommitter, ScriptedConsumer, make_loop
 
 
 @dataclass

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 from service.stage import machine as sm
 from service.stage.fetch_watch import CONFIRM_S, MAX_WAIT_S, FetchWatch
-from tests.unit.test_positioning import ScriptedConsumer, make_loop, positioned
+from service.stage.housekeeping import should_fetch
+from tests.unit.fakes import ScriptedConsumer, make_loop, positioned
 
 P0, P1 = ("in", 0), ("in", 1)
 
@@ -163,20 +164,20 @@ def test_the_loop_restarts_the_fetcher_of_a_stalled_partition_at_its_position() 
     consumer.calls.clear()
     loop.tick(start + 1)
     loop.tick(start + 31)   # idle for the wait: Kafka is asked beside the loop
-    assert loop._fetch_check is not None
-    loop._fetch_check[1].result(5)
+    assert loop.housekeeper._fetch_check is not None
+    loop.housekeeper._fetch_check[1].result(5)
     loop.tick(start + 32)   # Kafka's high watermark 4000, no fetch response: a suspect
     assert consumer.calls == []
     for _ in range(2):
         loop.iterate()      # the queue runs dry again
     consumer.calls.clear()
     loop.tick(start + 37)   # asked again, CONFIRM_S later
-    assert loop._fetch_check is not None
-    loop._fetch_check[1].result(5)
+    assert loop.housekeeper._fetch_check is not None
+    loop.housekeeper._fetch_check[1].result(5)
     loop.tick(start + 38)   # still no fetch response: restart the fetcher
     assert asked == [[("in", 0)], [("in", 0)]]
     assert consumer.calls == [("pause", 0), ("resume", 0), ("seek", 2810)]
-    assert partition.check_first and partition.position == 2810
+    assert partition.seek.check_first and partition.position == 2810
     assert loop.metrics.fetch_stalls._value.get() == 1
 
 
@@ -184,9 +185,9 @@ def test_a_paused_or_holding_partition_is_not_watched() -> None:
     consumer = ScriptedConsumer()
     loop, _, partition = make_loop(consumer)
     positioned(loop, partition, 2810)
-    assert loop._should_fetch(partition)
+    assert should_fetch(partition)
     partition.state = partition.state.__class__(sm.Phase.ACTIVE,
                                                 pauses=frozenset({sm.Pause.BACKOFF}))
-    assert not loop._should_fetch(partition)
+    assert not should_fetch(partition)
     partition.state = sm.PartitionState(sm.Phase.COMMITTING)
-    assert not loop._should_fetch(partition)
+    assert not should_fetch(partition)

@@ -14,9 +14,16 @@ from dataclasses import dataclass
 from confluent_kafka import Message
 
 from service.stage import machine as sm
+from tests.unit.fakes import (
+    TOPIC,
+    GroupConsumer,
+    OrderedCommitter,
+    batch,
+    make_loop,
+    message,
+    positioned,
+)
 from tests.unit.test_exactly_once_committer import committer_with_one_producer
-from tests.unit.test_loop_runs import GroupConsumer, OrderedCommitter
-from tests.unit.test_positioning import TOPIC, batch, make_loop, message, positioned
 
 
 @dataclass

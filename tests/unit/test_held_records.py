@@ -18,7 +18,7 @@ from types import SimpleNamespace
 from service.contract.processing import TopicLimitPending
 from service.contract.records import Output, Record
 from service.stage import machine as sm
-from tests.unit.test_positioning import ScriptedConsumer, batch, make_loop, positioned
+from tests.unit.fakes import ScriptedConsumer, batch, make_loop, positioned
 
 
 def test_a_record_held_again_after_a_commit_is_not_transformed_twice() -> None:

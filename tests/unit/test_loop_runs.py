@@ -3,80 +3,23 @@ whatever interrupts a run (a failed write, a poison record, another partition's
 record) must leave the partition's transaction holding exactly the records before
 it, written before the state machine hears of the interruption.
 
-The loop runs against the scripted consumer of test_positioning and a committer
+The loop runs against the scripted consumer of fakes.py and a committer
 that records the order of what it is asked to do.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from confluent_kafka import Message
 
-from confluent_kafka import KafkaError, Message
-
-from service.contract.processing import Processed, Produced
-from service.errors import AbortableError, Where
 from service.stage import machine as sm
-from service.stage.loop import Loop
-from service.stage.partition import Partition, TopicPartitionKey
-from tests.unit.test_positioning import (
+from service.stage.partition import Partition
+from tests.unit.fakes import (
     TOPIC,
-    RecordingCommitter,
-    ScriptedConsumer,
+    OrderedCommitter,
     batch,
-    make_loop,
+    loop_with,
     message,
-    positioned,
 )
-
-
-@dataclass
-class OrderedCommitter(RecordingCommitter):
-    """Records writes, commits and aborts in the order asked; a write of
-    ``fail_at`` fails as librdkafka's produce() in an abortable transaction does."""
-
-    fail_at: int | None = None
-    calls: list[tuple[str, int]] = field(default_factory=list)
-    txns: list[sm.Txn] = field(default_factory=list)
-
-    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
-        super().write(key, offset, outputs)
-        self.calls.append(("write", offset))
-
-    def write_run(self, key: TopicPartitionKey, run: list[Processed]) -> None:
-        for record, _ in run:
-            if record.offset == self.fail_at:
-                raise AbortableError(Where("produce", None, *key, record.offset),
-                                     KafkaError(KafkaError._STATE, "Erroneous state"))
-            self.written.append(record.offset)
-            self.calls.append(("write", record.offset))
-
-    def transactional_id(self, key: TopicPartitionKey) -> str:
-        return f"g.{key[0]}.{key[1]}"
-
-    def commit(self, key: TopicPartitionKey, txn: sm.Txn, group_metadata: object) -> object:
-        self.calls.append(("commit", txn.next))
-        self.txns.append(txn)
-        return lambda: None  # still committing: the test looks at what was asked
-
-    def abort(self, key: TopicPartitionKey, txn: sm.Txn | None) -> object:
-        assert txn is not None
-        self.calls.append(("abort", txn.next))
-        self.txns.append(txn)
-        return lambda: None
-
-
-@dataclass
-class GroupConsumer(ScriptedConsumer):
-    def consumer_group_metadata(self) -> object:
-        return "metadata"
-
-
-def loop_with(committer: OrderedCommitter, batches: list[list[Message]]
-              ) -> tuple[Loop, Partition]:
-    loop, _, partition = make_loop(GroupConsumer(batches=batches))
-    loop.committer = committer  # type: ignore[assignment]
-    positioned(loop, partition, 2810)
-    return loop, partition
 
 
 def test_a_write_failing_inside_a_run_aborts_exactly_the_records_before_it() -> None:
@@ -113,7 +56,7 @@ def test_runs_of_two_partitions_interleaved_in_a_batch_keep_each_its_own_transac
     loop, first = loop_with(committer, [])
     second = Partition(TOPIC, 1)
     second.state, second.position = first.state, 0
-    second.check_first = False
+    second.seek.check_first = False
     loop.partitions[second.key] = second
     second.refresh_flowing()
     other = [Message(topic=TOPIC, partition=1, offset=o, key=b"k", value=b"2",

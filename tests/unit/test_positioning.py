@@ -13,115 +13,26 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from types import SimpleNamespace
-from typing import cast
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
     KafkaError,
-    KafkaException,
     Message,
-    TopicPartition,
 )
-from prometheus_client import CollectorRegistry
 
-from service.contract.processing import Processed, Produced
 from service.errors import RetriableError, Where
-from service.examples.square import square
-from service.kafka.cluster import OutputLimits
-from service.observability.health import Health
-from service.observability.metrics import Metrics
-from service.settings import load_settings
 from service.stage import machine as sm
-from service.stage.guarantees.guarantee import Guarantee
-from service.stage.loop import Loop
-from service.stage.partition import Partition, TopicPartitionKey
-
-TOPIC = "in"
-POLICY = sm.Policy(commit_interval_s=60.0, commit_max_records=1000, max_abort_streak=4,
-                   retry_backoff_s=1.0, max_backoff_s=30.0, max_record_attempts=3,
-                   reclaim_after_s=6.0, transaction_timeout_s=2.0)
-
-
-@dataclass
-class ScriptedConsumer:
-    refuse_seeks: int = 0               # seeks refused with _STATE (not fetching yet)
-    calls: list[tuple[str, int]] = field(default_factory=list)
-    batches: list[list[Message]] = field(default_factory=list)
-    high: int = -1                      # the cached high watermark
-
-    def seek(self, tp: TopicPartition) -> None:
-        if self.refuse_seeks:
-            self.refuse_seeks -= 1
-            self.calls.append(("seek refused", tp.offset))
-            raise KafkaException(KafkaError(KafkaError._STATE, "Erroneous state"))
-        self.calls.append(("seek", tp.offset))
-
-    def pause(self, tps: list[TopicPartition]) -> None:
-        self.calls.append(("pause", tps[0].partition))
-
-    def incremental_unassign(self, tps: list[TopicPartition]) -> None:
-        self.calls.extend(("unassign", tp.partition) for tp in tps)
-
-    def incremental_assign(self, tps: list[TopicPartition]) -> None:
-        self.refuse_seeks = 0  # a fresh assignment at an offset: the fetcher starts there
-        self.calls.extend(("assign at", tp.offset) for tp in tps)
-
-    def resume(self, tps: list[TopicPartition]) -> None:
-        self.calls.append(("resume", tps[0].partition))
-
-    def get_watermark_offsets(self, tp: TopicPartition, cached: bool) -> tuple[int, int]:
-        return 0, self.high
-
-    def consume(self, num_messages: int, timeout: float) -> list[Message]:
-        return self.batches.pop(0) if self.batches else []
-
-
-@dataclass
-class RecordingCommitter:
-    written: list[int] = field(default_factory=list)
-    named: list[int] = field(default_factory=list)  # written asking reports to name them
-
-    def write(self, key: TopicPartitionKey, offset: int, outputs: list[Produced]) -> None:
-        self.written.append(offset)
-        self.named.append(offset)
-
-    def write_run(self, key: TopicPartitionKey, run: list[Processed]) -> None:
-        self.written.extend(record.offset for record, _ in run)
-
-    def poll(self, now: float) -> list[tuple[TopicPartitionKey, sm.Event]]:
-        return []
-
-
-def message(offset: int) -> Message:
-    return Message(topic=TOPIC, partition=0, offset=offset, key=b"k", value=str(offset).encode(),
-                   headers=None, error=None, timestamp=(1, 1_700_000_000_000))
-
-
-def batch(first: int, last: int) -> list[Message]:
-    return [message(offset) for offset in range(first, last + 1)]
-
-
-def make_loop(consumer: ScriptedConsumer,
-              **env: str) -> tuple[Loop, RecordingCommitter, Partition]:
-    settings = load_settings({"TXSTAGE_BOOTSTRAP_SERVERS": "127.0.0.1:9", "TXSTAGE_GROUP_ID": "g",
-                              "TXSTAGE_INPUT_TOPICS": TOPIC, "TXSTAGE_OUTPUT_TOPIC": "out",
-                              "TXSTAGE_TRANSFORM": "service.examples.square:square", **env})
-    committer = RecordingCommitter()
-    limits = cast(OutputLimits,
-                  SimpleNamespace(lookup=lambda topic: 1_000_000, forget=lambda: None))
-    loop = Loop(settings, square, Metrics(CollectorRegistry()), Health(), limits,
-                cast("object", consumer), cast(Guarantee, committer), POLICY)  # type: ignore[arg-type]
-    partition = Partition(TOPIC, 0)
-    loop.partitions[partition.key] = partition
-    partition.state = sm.PartitionState(sm.Phase.POSITIONING)
-    return loop, committer, partition
-
-
-def positioned(loop: Loop, partition: Partition, offset: int) -> None:
-    loop.dispatch(partition, sm.Positioned(offset, 0.0))
+from service.stage.partition import Partition
+from tests.unit.fakes import (
+    TOPIC,
+    ScriptedConsumer,
+    batch,
+    make_loop,
+    positioned,
+)
 
 
 def test_a_refused_seek_keeps_the_partition_paused_until_it_lands() -> None:
@@ -136,7 +47,7 @@ def test_a_refused_seek_keeps_the_partition_paused_until_it_lands() -> None:
     assert ("resume", 0) not in consumer.calls, "still refused: still paused"
     loop.tick(2.0)
     assert consumer.calls[-2:] == [("seek", 2810), ("resume", 0)]
-    assert partition.seek_to is None
+    assert partition.seek.seek_to is None
 
 
 def test_a_seek_refused_past_the_fetch_stall_time_assigns_the_partition_afresh() -> None:
@@ -153,10 +64,10 @@ def test_a_seek_refused_past_the_fetch_stall_time_assigns_the_partition_afresh()
     loop.tick(11.0)
     assert consumer.calls[-2:] == [("unassign", 0), ("assign at", 2810)]
     assert ("pause", 0) not in consumer.calls[-2:], "a pause would move the fetcher (see _seek)"
-    assert partition.seek_to == 2810, "the seek lands next, on the fetcher started there"
+    assert partition.seek.seek_to == 2810, "the seek lands next, on the fetcher started there"
     loop.tick(11.5)
     assert consumer.calls[-2:] == [("seek", 2810), ("resume", 0)]
-    assert partition.seek_to is None and partition.check_first
+    assert partition.seek.seek_to is None and partition.seek.check_first
     loop.tick(30.0)
     assert consumer.calls.count(("unassign", 0)) == 1, "assigned afresh once"
 
@@ -184,7 +95,7 @@ def test_with_the_fetch_watch_off_a_refused_seek_is_only_retried() -> None:
     for now in (1.0, 100.0, 1000.0):
         loop.tick(now)
     assert ("unassign", 0) not in consumer.calls
-    assert partition.seek_to == 2810
+    assert partition.seek.seek_to == 2810
 
 
 def test_a_seek_that_lands_late_resets_the_refusal_clock() -> None:
@@ -194,7 +105,7 @@ def test_a_seek_that_lands_late_resets_the_refusal_clock() -> None:
     loop.tick(1.0)                      # refused, since 1.0
     loop.tick(2.0)                      # lands
     consumer.refuse_seeks = 1_000_000
-    loop._seek(partition, 3000)         # sought again (a rewind, a fetch restart): refused
+    loop.positions.seek(partition, 3000)         # sought again (a rewind, a fetch restart): refused
     loop.tick(12.0)                     # the clock starts here, not at 1.0
     loop.tick(21.0)
     assert ("unassign", 0) not in consumer.calls
@@ -284,7 +195,7 @@ def test_the_lag_of_a_partition_read_to_a_commit_marker_is_zero() -> None:
     positioned(loop, partition, 2810)
     loop.iterate()
     assert partition.position == 2820
-    loop._next_housekeeping = 0.0
+    loop.housekeeper.due_at = 0.0
     loop.tick(1.0)
     lag = loop.metrics.consumer_lag.labels(TOPIC, "0")
     assert lag._value.get() == 1  # no end reported: one offset not yet read, as far as known
@@ -292,13 +203,13 @@ def test_the_lag_of_a_partition_read_to_a_commit_marker_is_zero() -> None:
                   error=KafkaError(KafkaError._PARTITION_EOF))
     consumer.batches.append([end])
     loop.iterate()
-    loop._next_housekeeping = 0.0
+    loop.housekeeper.due_at = 0.0
     loop.tick(2.0)
     assert lag._value.get() == 0
     consumer.batches.append(batch(2821, 2822))  # more input: read from the position again
     consumer.high = 2824
     loop.iterate()
-    loop._next_housekeeping = 0.0
+    loop.housekeeper.due_at = 0.0
     loop.tick(3.0)
     assert lag._value.get() == 1
 
@@ -346,9 +257,8 @@ def _position_reads(after_commit: bool) -> list[bool]:
         return 2810
 
     loop, _, partition = make_loop(ScriptedConsumer())
-    loop.limits = SimpleNamespace(  # type: ignore[assignment]
-        lookup=loop.limits.lookup, cluster=SimpleNamespace(committed_offset=committed_offset))
-    event = loop._lookup_position(partition, after_commit)()
+    cluster = SimpleNamespace(committed_offset=committed_offset)
+    event = loop.positions.lookup(partition, cluster, None, after_commit)()  # type: ignore[arg-type]
     assert isinstance(event, sm.Positioned) and event.offset == 2810
     return reads
 

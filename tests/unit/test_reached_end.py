@@ -9,8 +9,8 @@ from confluent_kafka import KafkaError, Message
 
 from service.stage import machine as sm
 from service.stage.machine import Pause, Phase
+from tests.unit.fakes import TOPIC, ScriptedConsumer, batch, make_loop, positioned
 from tests.unit.test_partition_state import AT_LEAST_ONCE, POLICY, active, kinds, step
-from tests.unit.test_positioning import TOPIC, ScriptedConsumer, batch, make_loop, positioned
 
 
 def test_an_open_transaction_commits_the_end_past_the_markers() -> None:
@@ -129,12 +129,12 @@ def test_an_end_from_before_a_seek_or_while_backing_off_is_not_kept() -> None:
     consumer = ScriptedConsumer()
     loop, _, partition = make_loop(consumer)
     positioned(loop, partition, 100)          # the seek is made in this batch
-    loop._consume_error(KafkaError(KafkaError._PARTITION_EOF), eof(500))
+    loop.consume_error(KafkaError(KafkaError._PARTITION_EOF), eof(500))
     assert partition.fetched_end is None
-    loop._batch += 1
-    partition.check_first = False
+    loop.positions.next_batch()
+    partition.seek.check_first = False
     partition.state = replace(partition.state, pauses=frozenset({Pause.BACKOFF}))
-    loop._consume_error(KafkaError(KafkaError._PARTITION_EOF), eof(500))
+    loop.consume_error(KafkaError(KafkaError._PARTITION_EOF), eof(500))
     assert partition.fetched_end is None
 
 
@@ -149,7 +149,7 @@ def test_an_end_beyond_the_sought_offset_is_sought_again_once_then_trusted() -> 
     assert consumer.calls.count(("seek", 100)) == 2 and partition.fetched_end is None
     loop.iterate()
     loop.iterate()
-    assert partition.fetched_end == (100, 103) and not partition.check_first
+    assert partition.fetched_end == (100, 103) and not partition.seek.check_first
     assert partition.state.txn == sm.Txn(100, 103, 0, partition.state.txn.opened_at)
 
 
@@ -162,9 +162,9 @@ def test_records_out_in_workers_keep_the_end_until_they_are_processed() -> None:
     loop.iterate()
     assert partition.state.txn is not None and partition.state.txn.next == 10
     partition.inflight, partition.inflight_next = 5, 15  # 10..14 out in workers
-    loop._consume_error(KafkaError(KafkaError._PARTITION_EOF), eof(16))
+    loop.consume_error(KafkaError(KafkaError._PARTITION_EOF), eof(16))
     assert partition.fetched_end == (15, 16) and partition.read_to() == 10
-    loop._tell_end(partition, 1.0)
+    assert loop.positions.end_reached(partition, 1.0) is None
     assert partition.state.txn.next == 10, "committed past records still in workers"
 
 
@@ -201,14 +201,13 @@ def test_records_before_an_end_go_out_before_the_end_is_looked_at() -> None:
     # skipped for good. Sent first, they count as fetched: the end is kept, and the
     # first record's own check seeks when its result comes back.
     consumer = ScriptedConsumer()
-    loop, _, partition = make_loop(consumer)
-    positioned(loop, partition, 0)
-    loop._batch += 1
     pool = SentChunks()
-    loop.pool = pool  # type: ignore[assignment]
+    loop, _, partition = make_loop(consumer, pool)  # type: ignore[arg-type]
+    positioned(loop, partition, 0)
+    loop.positions.next_batch()
     consumer.batches.append([*batch(98, 99), eof(100)])
     loop.iterate()
     [(epoch, offsets)] = pool.sent
     assert offsets == [98, 99] and epoch == partition.epoch
-    assert partition.rechecked is None, "the end took the first record's re-check"
+    assert partition.seek.rechecked is None, "the end took the first record's re-check"
     assert partition.fetched_end == (100, 100)

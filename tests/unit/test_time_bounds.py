@@ -23,8 +23,7 @@ from service.observability.health import Health
 from service.stage import machine as sm
 from service.stage.loop import Loop
 from service.stage.partition import Partition, TopicPartitionKey
-from tests.unit.test_loop_runs import GroupConsumer, OrderedCommitter
-from tests.unit.test_positioning import POLICY, batch, make_loop, positioned
+from tests.unit.fakes import POLICY, GroupConsumer, OrderedCommitter, batch, make_loop, positioned
 
 DELAY_S = 0.02
 
@@ -122,7 +121,7 @@ def test_settling_drains_each_finished_commit_once_then_lets_the_loop_consume() 
     # left the group on max.poll.interval.ms that way.
     loop, committer, first = slow_loop(records=50, interval_s=0.05)
     second = Partition(first.topic, 1)
-    second.state, second.position, second.check_first = first.state, 0, False
+    second.state, second.position, second.seek.check_first = first.state, 0, False
     loop.partitions[second.key] = second
     second.refresh_flowing()
     loop.consumer.batches.append([  # type: ignore[attr-defined]
@@ -150,8 +149,8 @@ def test_a_partition_committing_does_not_make_every_record_a_checkpoint() -> Non
                                          txn=sm.Txn(0, 10, 10, time.monotonic() - 5.0))
     loop.partitions[committing.key] = committing
     checkpoints = []
-    real = loop._checkpoint
-    loop._checkpoint = lambda now: checkpoints.append(now) or real(now)  # type: ignore[method-assign]
+    real = loop.runner._checkpoint
+    loop.runner._checkpoint = lambda now: checkpoints.append(now) or real(now)  # type: ignore[method-assign]
     loop.iterate()
     assert first.position == 3310 and len(checkpoints) <= 2, len(checkpoints)
 
@@ -221,9 +220,9 @@ def test_a_committing_partition_pauses_once_it_holds_its_bytes_limit() -> None:
     assert len(partition.held) == 10, "held, not dropped: librdkafka will not send them again"
     assert ("pause", 0) in loop.consumer.calls  # type: ignore[attr-defined]
     assert sm.Pause.BACKLOG in partition.state.pauses
-    assert partition.held_bytes == loop.held_bytes == 10 * (40_000 + 1 + 2)
+    assert partition.held_bytes == loop.runner.held_bytes == 10 * (40_000 + 1 + 2)
     loop._housekeeping(time.monotonic() + 5)
-    assert loop.metrics.held_bytes._value.get() == loop.held_bytes  # type: ignore[attr-defined]
+    assert loop.metrics.held_bytes._value.get() == loop.runner.held_bytes  # type: ignore[attr-defined]
     assert loop.metrics.held_records._value.get() == 10  # type: ignore[attr-defined]
 
 
@@ -258,7 +257,7 @@ def test_records_handed_back_fetch_again_once_drained_below_the_limits() -> None
     for _ in range(10):
         loop.iterate()
     assert committer.written == list(range(2810, 2820))
-    assert not partition.held and loop.held_bytes == 0
+    assert not partition.held and loop.runner.held_bytes == 0
     assert sm.Pause.BACKLOG not in partition.state.pauses
     assert loop.consumer.calls[-1] == ("resume", 0)  # type: ignore[attr-defined]
 
@@ -271,7 +270,7 @@ def test_a_seek_drops_the_records_handed_back() -> None:
     loop.iterate()
     assert partition.held
     loop._execute(partition, sm.Seek(2815))  # an abort's rewind, say
-    assert not partition.held and loop.held_bytes == 0
+    assert not partition.held and loop.runner.held_bytes == 0
 
 
 def test_consume_waits_only_a_moment_while_a_commit_runs_or_records_are_held() -> None:

@@ -10,7 +10,7 @@ from dataclasses import replace
 from service.stage import machine as sm
 from service.stage.budget import budgeted_interval
 from service.stage.partition import Partition
-from tests.unit.test_positioning import ScriptedConsumer, make_loop
+from tests.unit.fakes import ScriptedConsumer, make_loop
 
 
 def test_a_few_partitions_keep_the_configured_interval() -> None:
@@ -41,12 +41,12 @@ def test_the_loop_applies_the_budget_to_its_busy_partitions_only() -> None:
         loop.partitions[partition.key] = partition
     first.committed_at = now
     loop.policy = replace(loop.policy, commit_interval_s=0.1, transaction_timeout_s=60.0)
-    loop._next_housekeeping = 0.0
+    loop.housekeeper.due_at = 0.0
     loop._housekeeping(now)
     assert loop.policy.interval_s == 20 / 40
     assert loop.metrics.commit_interval._value.get() == 0.5  # type: ignore[attr-defined]
     for partition in loop.partitions.values():
         partition.state, partition.committed_at = sm.PartitionState(sm.Phase.ACTIVE), -1e9
-    loop._next_housekeeping = 0.0
+    loop.housekeeper.due_at = 0.0
     loop._housekeeping(now + 5)
     assert loop.policy.interval_s == 0.1, "idle again: back to the configured one"

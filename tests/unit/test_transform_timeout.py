@@ -23,8 +23,7 @@ from service.stage.loop import Loop
 from service.stage.overruns import decode, encode, key_of, partition_of
 from service.stage.partition import Partition, TopicPartitionKey
 from service.stage.transform_watch import Marker, TransformWatch, exhausted, timeout_ms
-from tests.unit.test_loop_runs import GroupConsumer, OrderedCommitter
-from tests.unit.test_positioning import POLICY, batch, make_loop
+from tests.unit.fakes import POLICY, GroupConsumer, OrderedCommitter, batch, make_loop
 
 OVERRUN = sm.Overrun(offset=2812, count=3, timeout_ms=60_000)  # POLICY: 3 attempts
 
@@ -119,7 +118,7 @@ def marked_loop(**env: str) -> tuple[Loop, OrderedCommitter, Partition]:
     committer = OrderedCommitter()
     loop.committer = committer  # type: ignore[assignment]
     loop.dispatch(partition, sm.Positioned(2810, time.monotonic()))
-    loop._batch += 1  # the records come after the seek
+    loop.positions.next_batch()  # the records come after the seek
     return loop, committer, partition
 
 
@@ -135,11 +134,11 @@ def test_the_marker_names_the_record_only_while_its_transform_runs(flowing: bool
         yield from square(rec)
 
     loop.transform = spying
-    loop.process(batch(2810, 2810), time.monotonic())  # the first after a seek: _one
+    loop.runner.process(batch(2810, 2810), time.monotonic())  # the first after a seek: _one
     assert partition.flowing
     if not flowing:
         partition.flowing = False  # every record through _one
-    loop.process(batch(2811, 2812), time.monotonic())
+    loop.runner.process(batch(2811, 2812), time.monotonic())
     assert [getattr(r, "offset", None) for r in seen] == [2810, 2811, 2812]
     assert loop.watch.record is None, "cleared after a call that raised too"
     assert committer.written == [2810, 2811]
@@ -211,13 +210,13 @@ def overrun_loop(count: int, **env: str) -> tuple[Loop, LetterCommitter, list[in
     loop.transform = counting
     loop.dispatch(partition, sm.Positioned(2810, time.monotonic(),
                                            sm.Overrun(2812, count, 5000)))
-    loop._batch += 1
+    loop.positions.next_batch()
     return loop, committer, called
 
 
 def test_the_loop_dead_letters_an_exhausted_record_without_calling_the_transform() -> None:
     loop, committer, called = overrun_loop(3, TXSTAGE_DLQ_TOPIC="dlq")
-    loop.process(batch(2810, 2815), time.monotonic())
+    loop.runner.process(batch(2810, 2815), time.monotonic())
     assert called == [2810, 2811, 2813, 2814, 2815], "2812 is not called"
     assert committer.written == list(range(2810, 2816))
     [letter] = committer.outputs[2812]
@@ -227,7 +226,7 @@ def test_the_loop_dead_letters_an_exhausted_record_without_calling_the_transform
 
 def test_the_loop_calls_the_transform_again_while_attempts_are_left() -> None:
     loop, committer, called = overrun_loop(2, TXSTAGE_DLQ_TOPIC="dlq")
-    loop.process(batch(2810, 2813), time.monotonic())
+    loop.runner.process(batch(2810, 2813), time.monotonic())
     assert called == [2810, 2811, 2812, 2813]
     assert {out.topic for outs in committer.outputs.values() for out in outs} == {"out"}
 
@@ -243,7 +242,7 @@ def test_without_a_dlq_an_exhausted_record_is_a_poison_record() -> None:
         dispatch(target, event)
 
     loop.dispatch = spying  # type: ignore[method-assign]
-    loop.process(batch(2810, 2813), time.monotonic())
+    loop.runner.process(batch(2810, 2813), time.monotonic())
     assert called == [2810, 2811] and committer.written == [2810, 2811]
     [poisoned] = [e for e in events if isinstance(e, sm.Poisoned)]
     assert poisoned.error.offset == 2812 and isinstance(poisoned.error.cause,

@@ -218,23 +218,23 @@ class AtLeastOnce:
             self._metrics.commit_seconds.observe(time.monotonic() - started)
 
     def offsets_committed(self, error: KafkaError | None,
-                          partitions: list[TopicPartition]) -> None:
+                          partitions: list[TopicPartition]) -> bool:
         """The result of an asynchronous commit (served by the consumer's poll, on the
         loop thread; never raises). A failed offset is committed again at the next
         interval unless a newer one was sent since: once the input stops nothing else
         would ever commit it, and a rebalance's ILLEGAL_GENERATION would leave
         partitions behind for good (docs/journal/2026-11-23-at-least-once-campaign.md).
 
-        A commit counts (transactions committed, the last commit's time) once Kafka
-        said so here, not when a window was sealed nor when the commit was sent."""
-        if error is None and any(tp.error is None for tp in partitions):
-            self._metrics.count_commit()
+        True when Kafka confirmed a commit: it counts (transactions committed, the
+        last commit's time, by the loop's reporter) once Kafka said so here, not when
+        a window was sealed nor when the commit was sent."""
         for tp in partitions:
             if error is None and tp.error is None:
                 continue
             key = (tp.topic, tp.partition)
             if key in self._owned and tp.offset >= self._sent.get(key, -1):
                 self._deliverable[key] = max(tp.offset, self._deliverable.get(key, -1))
+        return error is None and any(tp.error is None for tp in partitions)
 
     def finish(self, key: TopicPartitionKey, txn: Txn | None, commit: bool, reason: str,
                group_metadata: GroupMetadata, deadline: float | None = None) -> None:

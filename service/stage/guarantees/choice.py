@@ -14,7 +14,7 @@ from service.stage.guarantees.at_least_once import AtLeastOnce, CommitOffsets
 from service.stage.guarantees.exactly_once import ExactlyOnce
 from service.stage.guarantees.guarantee import Guarantee
 
-OffsetsCommitted = Callable[[KafkaError | None, list[TopicPartition]], None]
+OffsetsCommitted = Callable[[KafkaError | None, list[TopicPartition]], bool]
 
 
 @dataclass(frozen=True, slots=True)

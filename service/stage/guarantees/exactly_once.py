@@ -21,7 +21,7 @@ from service.kafka.producer import PinnedProducer
 from service.observability.logs import error_cb, librdkafka_logger
 from service.observability.metrics import Metrics
 from service.settings import Settings
-from service.stage.guarantees.guarantee import GroupMetadata, Job
+from service.stage.guarantees.guarantee import GroupMetadata, Job, ReleaseJob, ReleaseReport
 from service.stage.machine import (
     AbortDone,
     AbortFailed,
@@ -171,59 +171,23 @@ class ExactlyOnce:
         return job
 
     def finish(self, key: TopicPartitionKey, txn: Txn | None, commit: bool, reason: str,
-               group_metadata: GroupMetadata, deadline: float | None = None) -> Job | None:
+               group_metadata: GroupMetadata,
+               deadline: float | None = None) -> ReleaseJob | None:
         producer = self._detach(key)
         if producer is None:
             return None
         taken = _taken(group_metadata) if commit else group_metadata
 
-        def job() -> None:
+        def job() -> ReleaseReport | None:
             try:
                 if commit and txn is not None and not producer.in_transaction:
                     _begin_offsets_only(producer)
                 if producer.in_transaction:
-                    self._finish(producer, txn, commit, reason, taken)
+                    return _finish(producer, txn, commit, reason, taken)
+                return None
             finally:
                 _close(producer)
         return job
-
-    def _finish(self, producer: PinnedProducer, txn: Txn | None, commit: bool, reason: str,
-                group_metadata: GroupMetadata) -> None:
-        tid = producer.transactional_id
-        if commit and txn is not None:
-            started = time.monotonic()
-            try:
-                transaction.commit(producer, txn.next, group_metadata)
-            except RetriableError as exc:  # it may have committed: never abort it
-                log.warning("transaction.commit_failed", transactional_id=tid, error=str(exc))
-                return
-            except FencedError as exc:  # a fenced producer cannot abort either
-                self._fenced_on_release(tid, txn, exc)
-                return
-            except KafkaOperationError as exc:
-                log.warning("transaction.commit_failed", transactional_id=tid, error=str(exc))
-            else:
-                self._metrics.count_commit(time.monotonic() - started, txn.records)
-                log.info("transaction.committed_on_release", transactional_id=tid,
-                         next_offset=txn.next, records=txn.records)
-                return
-        try:
-            producer.abort()
-        except FencedError as exc:
-            self._fenced_on_release(tid, txn, exc)
-            return
-        except KafkaOperationError as exc:  # closing anyway: the next owner's init aborts it
-            log.warning("transaction.abort_failed", transactional_id=tid, error=str(exc))
-            return
-        self._metrics.count_abort(reason)
-        log.info("transaction.aborted", transactional_id=tid, reason=reason)
-
-    def _fenced_on_release(self, tid: str, txn: Txn | None, exc: FencedError) -> None:
-        """A fence found while giving a partition up counts like one found in flight
-        (a paused replica often learns of its successor this way): the successor's
-        init_transactions aborted what was open."""
-        self._metrics.count_fence(open_transaction=txn is not None)
-        log.warning("producer.fenced", transactional_id=tid, on="release", error=str(exc))
 
     def detach(self, key: TopicPartitionKey) -> Job:
         """Take the partition's producer out now; the job closes it (run it once the
@@ -286,3 +250,39 @@ def _taken(group_metadata: GroupMetadata) -> GroupMetadata:
     starts (the freshest generation it can carry), for the job to send beside it."""
     metadata = group_metadata()
     return lambda: metadata
+
+
+def _finish(producer: PinnedProducer, txn: Txn | None, commit: bool, reason: str,
+            group_metadata: GroupMetadata) -> ReleaseReport | None:
+    """A released partition's open transaction committed (falling back to an abort)
+    or aborted; what it found, for the loop's reporter to count (the job only logs).
+    A fence found while giving a partition up counts like one found in flight (a
+    paused replica often learns of its successor this way): the successor's
+    init_transactions aborted what was open."""
+    tid = producer.transactional_id
+    if commit and txn is not None:
+        started = time.monotonic()
+        try:
+            transaction.commit(producer, txn.next, group_metadata)
+        except RetriableError as exc:  # it may have committed: never abort it
+            log.warning("transaction.commit_failed", transactional_id=tid, error=str(exc))
+            return None
+        except FencedError as exc:  # a fenced producer cannot abort either
+            log.warning("producer.fenced", transactional_id=tid, on="release", error=str(exc))
+            return ReleaseReport(fenced=True)
+        except KafkaOperationError as exc:
+            log.warning("transaction.commit_failed", transactional_id=tid, error=str(exc))
+        else:
+            log.info("transaction.committed_on_release", transactional_id=tid,
+                     next_offset=txn.next, records=txn.records)
+            return ReleaseReport(committed_s=time.monotonic() - started, records=txn.records)
+    try:
+        producer.abort()
+    except FencedError as exc:
+        log.warning("producer.fenced", transactional_id=tid, on="release", error=str(exc))
+        return ReleaseReport(fenced=txn is not None)
+    except KafkaOperationError as exc:  # closing anyway: the next owner's init aborts it
+        log.warning("transaction.abort_failed", transactional_id=tid, error=str(exc))
+        return None
+    log.info("transaction.aborted", transactional_id=tid, reason=reason)
+    return ReleaseReport(aborted=reason)

@@ -9,6 +9,7 @@ event itself.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from service.contract.processing import Processed, Produced
@@ -17,6 +18,34 @@ from service.stage.partition import TopicPartitionKey
 
 Job = Callable[[], Event | None]
 GroupMetadata = Callable[[], object]
+
+
+@dataclass(frozen=True)
+class ReleaseReport:
+    """What a release's own commit or abort found, as its job's result: the loop
+    hands it to its reporter, which counts it, as it counts the state machine's
+    reports. One of the three is set."""
+
+    committed_s: float | None = None  # committed, taking this long
+    records: int = 0                  # the committed transaction's input records
+    aborted: str | None = None        # aborted, for this reason
+    fenced: bool | None = None        # fenced; whether a transaction was open
+
+
+ReleaseJob = Callable[[], ReleaseReport | None]
+
+
+def group_metadata_of(consumer: _HasGroupMetadata) -> GroupMetadata:
+    """The consumer's group metadata, for a committer to take as its commit starts,
+    on the loop thread (``Guarantee.commit``): the consumer must not be called from
+    another thread (its calls there wait while the loop sits in consume()).
+    At-least-once never takes it: it costs 0.1-0.3 ms a commit
+    (docs/journal/2026-11-27-at-least-once-linger-20ms.md)."""
+    return lambda: consumer.consumer_group_metadata()  # noqa: PLW0108 (looked up per commit)
+
+
+class _HasGroupMetadata(Protocol):
+    def consumer_group_metadata(self) -> object: ...
 
 
 class Guarantee(Protocol):
@@ -49,7 +78,8 @@ class Guarantee(Protocol):
         """Give up the open transaction; its input is read again from Kafka's offset."""
 
     def finish(self, key: TopicPartitionKey, txn: Txn | None, commit: bool, reason: str,
-               group_metadata: GroupMetadata, deadline: float | None = None) -> Job | None:
+               group_metadata: GroupMetadata,
+               deadline: float | None = None) -> ReleaseJob | None:
         """Released: commit (falling back to an abort) or abort, then close; a job,
         or None when it was done at once (on the loop thread). ``group_metadata``: as
         for ``commit``. What it does on the loop thread waits for nothing past

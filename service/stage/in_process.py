@@ -1,5 +1,6 @@
-"""The hot path: a consumed batch, record by record, through the transform into
-the guarantee, with the clock looked at between records (checkpoints)."""
+"""The first runner (stage/runner.py), and the hot path: a consumed batch, record by
+record, through the transform in the loop's own thread into the guarantee, with the
+clock looked at between records (checkpoints)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from service.kafka.messages import to_record
 from service.stage import machine as sm
 from service.stage.holding import Holding
 from service.stage.partition import Partition
+from service.stage.runner import tell_written
 from service.stage.transform_watch import exhausted
 
 log = structlog.get_logger(__name__)
@@ -45,8 +47,19 @@ _NO_LIMIT = 1 << 62
 _ACTIVE = sm.Phase.ACTIVE
 
 
-class Batch(Holding):
-    """The hot path of :class:`Loop`: a consumed batch through the transform."""
+class InProcess(Holding):
+    """A runner: the transform runs in the loop's thread, record by record."""
+
+    # Whether every record's results come with the batch (``saved``), to be
+    # replayed in runs: a runner whose transform ran elsewhere (OnWorkers).
+    _replays = False
+
+    def run(self, messages: Iterable[Message], now: float, wait_s: float) -> None:
+        if messages:
+            self.process(messages, now)
+
+    def waiting(self) -> bool:
+        return False
 
     def process(self, messages: Iterable[Message], now: float,  # noqa: PLR0915 (inlined:
                 saved: dict[int, list[Output]] | None = None) -> None:  # the hot path)
@@ -77,7 +90,7 @@ class Batch(Holding):
         # runs; in-process, a held record's (an output topic was looked up), each
         # checked and written on its own by ``_one``, as the first record after any
         # pause (its transaction opens as it is written, not at the run's end).
-        replayed = bool(saved) and self.pool is not None
+        replayed = bool(saved) and self._replays
         if replayed:
             transform = _replaying(saved, transform)  # type: ignore[arg-type]
         default_topic, dlq_topic = self.settings.output_topic, self.settings.dlq_topic or None
@@ -140,7 +153,7 @@ class Batch(Holding):
             observe(finished - started)
             outputs, failure = result
             if failure is not None:
-                self._dead_lettered(partition, record, failure)
+                self.reporter.dead_lettered(partition, record, failure)
             run.append((record, outputs))
             position = offset + 1
             for out in outputs:
@@ -181,20 +194,22 @@ class Batch(Holding):
         # Due by age once ``_GRACE`` past its interval: a fast batch ends within it and
         # the tick commits then, as for any batch, with no record held.
         aged = now - self.policy.interval_s * _GRACE
+        policy = self.policy
         for partition in list(self.partitions.values()):
             if partition.batch_records:
-                self._tell_written(partition)
-            if partition.state.due(aged, self.policy):
-                self._warn_near_timeout(partition, now)
+                tell_written(partition, policy)
+            if partition.state.due(aged, policy):
+                self.reporter.warn_near_timeout(partition, now, policy)
                 self.dispatch(partition, sm.CommitDue(now))
         return False
 
     def _processed(self, consumed: int) -> None:
         """A batch is done: tell the state machine what each partition wrote; count."""
         self.metrics.consumed.inc(consumed)
+        policy = self.policy
         for partition in self.partitions.values():
             if partition.batch_records:
-                self._tell_written(partition)
+                tell_written(partition, policy)
         produced = self._produced
         for topic, count in produced.items():
             self.metrics.produced.labels(topic=topic).inc(count)
@@ -225,7 +240,7 @@ class Batch(Holding):
         transform already ran on it, instead of running the transform again."""
         offset: int = msg.offset()  # type: ignore[assignment]
         state = partition.state
-        if self._stale(partition, offset):
+        if self.positions.stale(partition, offset):
             return False
         if state.holding or partition.held:  # after the records held before it
             self._hold(partition, msg, saved)
@@ -233,7 +248,7 @@ class Batch(Holding):
         if state.phase is not sm.Phase.ACTIVE or (
                 state.pauses and sm.Pause.BACKOFF in state.pauses):
             return False  # fetched before a seek or a pause: it is read again later
-        if partition.check_first and not self._check_first(partition, offset):
+        if partition.seek.check_first and not self.positions.check_first(partition, offset):
             return False
         if state.isolation is not None:
             room = state.room()
@@ -274,7 +289,7 @@ class Batch(Holding):
         """Hand a processed record's outputs to the committer, named, and advance the
         partition's batch; False when the write failed (the state machine is told)."""
         if result.error is not None:
-            self._dead_lettered(partition, record, result.error)
+            self.reporter.dead_lettered(partition, record, result.error)
         offset = record.offset
         try:
             self.committer.write(partition.key, offset, result.outputs)
@@ -300,15 +315,9 @@ class Batch(Holding):
             if outputs is not None:
                 partition.saved[msg.offset()] = outputs  # type: ignore[index]
             if exc.lookup is not None:  # not a topic: the schema registry (formats)
-                self._lookups[exc.topic] = exc.lookup
+                self.topics.ask(exc.topic, exc.lookup)
             self.dispatch(partition, sm.TopicUnknown(exc.topic))
             self._hold(partition, msg)
-
-    def _tell_written(self, partition: Partition) -> None:
-        event = sm.Wrote(partition.batch_first, partition.batch_next, partition.batch_records,
-                         partition.batch_since, partition.batch_first_ts, partition.batch_last_ts)
-        partition.batch_records = 0
-        partition.state, _ = sm.transition(partition.state, event, self.policy)
 
 
 def _replaying(saved: dict[int, list[Output]], transform: Transform) -> Transform:
