@@ -141,7 +141,7 @@ class Housekeeper:
                 chores.events.append((partition, sm.CallStuck(now)))
                 continue
             if partition.stalled_warned or (phase is sm.Phase.ACTIVE
-                                            and partition.seek.seek_to is None):
+                                            and not partition.seek.landing):
                 continue  # (ACTIVE waiting for its seek to land is waiting too)
             if now - partition.phase_since > self._stalled_after_s:
                 partition.stalled_warned = True
@@ -188,5 +188,5 @@ def should_fetch(partition: Partition) -> bool:
     ACTIVE, no pause, no seek pending, nothing held or running."""
     state = partition.state
     return state.phase is sm.Phase.ACTIVE and not state.pauses \
-        and partition.seek.seek_to is None and not partition.releasing \
+        and not partition.seek.landing and not partition.releasing \
         and not partition.held and partition.job is None

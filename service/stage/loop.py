@@ -234,7 +234,7 @@ class Loop:
             case sm.PausePartition():
                 self.consumer.pause([partition.tp])
             case sm.ResumePartition():
-                if partition.seek.seek_to is None:  # else: once the seek lands
+                if not partition.seek.landing:  # else: once the seek lands
                     self.consumer.resume([partition.tp])
             case sm.Seek(offset):
                 self.positions.seek(partition, offset)

@@ -94,7 +94,7 @@ class Partition:
                 "pauses": sorted(p.value for p in state.pause_reasons),
                 "open_records": state.txn.records if state.txn else 0,
                 "open_age_s": round(state.age(now), 1), "position": self.position,
-                "seek_pending": self.seek.seek_to is not None, "held": len(self.held),
+                "seek_pending": self.seek.landing, "held": len(self.held),
                 "held_bytes": self.held_bytes,
                 "job_running": self.job is not None,
                 "waiting_topic": self.waiting_topic, "releasing": self.releasing}

@@ -42,6 +42,11 @@ class Positioning:
         self.seek_to = self.refused_since = None
 
     @property
+    def landing(self) -> bool:
+        """A seek is made and has not landed yet: the partition stays paused."""
+        return self.seek_to is not None
+
+    @property
     def settled(self) -> bool:
         """Landed and its first record checked: records may flow unchecked."""
         return self.seek_to is None and not self.check_first
