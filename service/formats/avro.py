@@ -13,6 +13,7 @@ either way, only slower (docs/formats.md, "Speed").
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Callable
 from typing import Any
@@ -90,15 +91,13 @@ _PROBE_SCHEMA = {
         {"name": "tags", "type": {"type": "array", "items": "string"}}]}
 _PROBE_VALUE = {"id": 7, "at": 1_700_000_000_000, "kind": "B", "inner": {"text": "x"},
                 "again": None, "tags": ["a", "é"]}
-_checked: list[bool] = []
 
 
+@functools.cache
 def compiled_entry_points() -> bool:
     """Whether fastavro's compiled entry points are here and give exactly what the
     public functions give (checked once, on a probe record)."""
-    if not _checked:
-        _checked.append(_probe())
-    return _checked[0]
+    return _probe()
 
 
 def _probe() -> bool:
