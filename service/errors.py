@@ -106,6 +106,11 @@ class AbortableError(KafkaOperationError):
     action = "abort"
 
 
+class SharedAbortError(AbortableError):
+    """TXSTAGE_TRANSACTIONS=spanning: the replica's one transaction was aborted for
+    another partition's sake, so this partition's part of it is gone too."""
+
+
 class FencedError(KafkaOperationError):
     action = "fenced"
 

@@ -30,6 +30,7 @@ from service.errors import ConfigError
 from service.format_settings import FormatSettings
 
 Guarantee = Literal["exactly_once", "at_least_once"]
+Transactions = Literal["per_partition", "spanning"]
 GroupProtocol = Literal["classic", "consumer"]
 PASSTHROUGH_PREFIXES = {"kafka": "TXSTAGE_KAFKA__", "consumer": "TXSTAGE_CONSUMER__",
                         "producer": "TXSTAGE_PRODUCER__"}
@@ -105,6 +106,7 @@ class Settings(FormatSettings, BaseSettings):
     output_topic: str
     transform: str
     guarantee: Guarantee = "exactly_once"
+    transactions: Transactions = "per_partition"
     group_protocol: GroupProtocol = "classic"
     commit_interval_ms: int = Field(100, gt=0)
     commit_max_records: int = Field(5000, gt=0)
@@ -157,7 +159,7 @@ class Settings(FormatSettings, BaseSettings):
             raise ValueError("name at least one input topic")
         return value
 
-    @field_validator("group_protocol", "guarantee", mode="before")
+    @field_validator("group_protocol", "guarantee", "transactions", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower().strip() if isinstance(value, str) else value
@@ -181,6 +183,8 @@ class Settings(FormatSettings, BaseSettings):
             problems.append("TXSTAGE_DLQ_TOPIC must not be one of the input topics")
         if "output_topic" not in failed and self.output_topic in inputs:
             problems.append("TXSTAGE_OUTPUT_TOPIC must not be one of the input topics")
+        if self.spanning and not self.exactly_once:  # at-least-once has no transactions
+            problems.append("TXSTAGE_TRANSACTIONS=spanning needs TXSTAGE_GUARANTEE=exactly_once")
         if self.workers and self.formatted:  # the codecs live in the main process only
             problems.append(f"TXSTAGE_WORKERS={self.workers} runs only a bytes transform: "
                             "set the formats to bytes or TXSTAGE_WORKERS=0")
@@ -248,13 +252,9 @@ class Settings(FormatSettings, BaseSettings):
         Java client's request time-out, for its answer to arrive."""
         return self.transaction_timeout_ms / 1000 + 30
 
-    @property
-    def id_prefix(self) -> str:
-        return self.transactional_id_prefix or self.group_id
-
-    @property
-    def exactly_once(self) -> bool:
-        return self.guarantee == "exactly_once"
+    id_prefix = property(lambda self: self.transactional_id_prefix or self.group_id)
+    exactly_once = property(lambda self: self.guarantee == "exactly_once")
+    spanning = property(lambda self: self.transactions == "spanning")
 
     def transactional_id(self, topic: str, partition: int) -> str:
         """The id that always stands for this input partition, so that the next owner's

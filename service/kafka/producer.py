@@ -1,7 +1,8 @@
 """PinnedProducer: the only class that touches a transactional producer.
 
 One instance stands for one input partition (``transactional.id`` =
-``<prefix>.<topic>.<partition>``). Every librdkafka call goes through
+``<prefix>.<topic>.<partition>``); a SpanningProducer for all of a replica's
+(TXSTAGE_TRANSACTIONS=spanning). Every librdkafka call goes through
 ``errors.translate`` so callers see txstage's error classes; retriable errors
 are retried here, with the same arguments, until ``deadline_s`` runs out.
 """
@@ -266,10 +267,12 @@ class PinnedProducer:
         with self._translated("produce", offset):
             produce(self._producer, out, self.deliveries.for_record(offset), partition=partition)
 
-    def produce_all(self, outputs: list[Produced], offset: int) -> None:
+    def produce_all(self, outputs: list[Produced], offset: int,
+                    deliveries: DeliveryFailures | None = None) -> None:
         """Queue one input record's outputs; a failed one's report names ``offset``
-        (delivery reports carry no headers), at the price of a callback object."""
-        report = self.deliveries.for_record(offset)
+        (delivery reports carry no headers), at the price of a callback object.
+        ``deliveries``: where the failures go (SpanningProducer's, per partition)."""
+        report = (deliveries or self.deliveries).for_record(offset)
         send = self._producer.produce
         for out in outputs:
             try:
@@ -341,3 +344,15 @@ class PinnedProducer:
 
     def __repr__(self) -> str:
         return f"PinnedProducer({self.transactional_id!r})"
+
+
+def close_quietly(producer: PinnedProducer | None) -> None:
+    """Close ``producer`` (if any); a failure is logged, never raised: closing one must
+    not stop the others from closing."""
+    if producer is None:
+        return
+    try:
+        producer.close()
+    except Exception as exc:
+        log.warning("producer.close_failed", transactional_id=producer.transactional_id,
+                    error=str(exc))

@@ -48,6 +48,7 @@ ABORT_REASONS = (
     "shutdown",         # shutting down with an unhealthy transaction
     "poison",           # transform failed and no dead-letter topic is configured
     "timed_out",        # the coordinator aborted it (transaction.timeout.ms passed)
+    "spanning",         # TXSTAGE_TRANSACTIONS=spanning: aborted with another partition
 )
 REBALANCE_KINDS = ("assigned", "revoked", "lost")
 LIBRDKAFKA_TRANSACTION_TIMEOUT_S = 60.0  # librdkafka default transaction.timeout.ms

@@ -1,4 +1,5 @@
-"""The stage: consume → transform → produce, one transaction per input partition.
+"""The stage: consume → transform → produce, one transaction per input partition
+(or, with TXSTAGE_TRANSACTIONS=spanning, one for all of a replica's).
 
     replica.py       Stage: wires consumer, guarantee, loop, listener, watchdog
     rebalance.py     the listener: assign → init beside the loop; revoke/lost → finish
@@ -19,7 +20,8 @@
     shutdown.py      the shutdown budget and its watchdog
     transform_watch.py  a transform call past TXSTAGE_TRANSFORM_TIMEOUT_MS: noticed
     overruns.py      such calls recorded where the partition's next owner reads them
-    guarantees/      what the loop needs from a guarantee, and the two guarantees
+    span.py          TXSTAGE_TRANSACTIONS=spanning: partitions of one transaction move together
+    guarantees/      what the loop needs from a guarantee, and the guarantees
     workers/         the worker processes that run the transform, and their pool
 
 Nothing is re-exported: ``import service.stage.machine`` (pure) loads no Kafka client;

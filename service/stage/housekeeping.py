@@ -106,6 +106,8 @@ class Housekeeper:
             return None  # no budget (the default): nothing to count
         busy = sum(1 for p in self._partitions.values()
                    if p.state.txn is not None or now - p.committed_at < BUSY_FOR_S)
+        if self._settings.spanning:  # one transaction for them all
+            busy = min(busy, 1)
         interval = budgeted_interval(policy.commit_interval_s, busy,
                                      self._settings.max_transactions_per_s,
                                      policy.transaction_timeout_s / 10)

@@ -45,6 +45,7 @@ from service.settings import Settings
 from service.stage import machine as sm
 from service.stage.fetch_watch import FetchWatch
 from service.stage.guarantees.guarantee import Guarantee, group_metadata_of
+from service.stage.guarantees.spanning import Spanning
 from service.stage.housekeeping import Housekeeper
 from service.stage.in_process import InProcess
 from service.stage.jobs import Jobs
@@ -54,6 +55,7 @@ from service.stage.partition import Partition, TopicPartitionKey
 from service.stage.positions import Positions
 from service.stage.reports import Reporter
 from service.stage.runner import Runner, tell_written
+from service.stage.span import Span
 from service.stage.topic_lookups import TopicLookups
 from service.stage.transform_watch import Marker
 from service.stage.workers import WorkerPool
@@ -112,6 +114,9 @@ class Loop:
         parts = (self, settings, metrics, self.partitions, self.positions, self.reporter,
                  self.topics, self.watch)
         self.runner: Runner = InProcess(*parts) if pool is None else OnWorkers(*parts, pool)
+        # TXSTAGE_TRANSACTIONS=spanning: partitions of one transaction move together.
+        self.span = Span(committer, self.partitions, self.jobs, self.dispatch) if \
+            isinstance(committer, Spanning) else None
 
     def iterate(self) -> None:
         self.health.beat()
@@ -226,6 +231,8 @@ class Loop:
             partition.phase_since, partition.stalled_warned = time.monotonic(), False
             log.debug("partition.phase", topic=partition.topic, partition=partition.partition,
                       phase=partition.state.phase.value, on=type(event).__name__)
+            if self.span is not None and partition.state.phase is sm.Phase.ACTIVE:
+                self.span.became_active(partition, partition.phase_since)  # before a drain
         for action in actions:
             self._execute(partition, action)
 
@@ -250,8 +257,12 @@ class Loop:
             case sm.StartCommit(txn):
                 self._run(partition, self.committer.commit(
                     partition.key, txn, self._group_metadata))
+                if self.span is not None:
+                    self.span.commit_started(partition, time.monotonic())
             case sm.StartAbort(txn):
                 self._run(partition, self.committer.abort(partition.key, txn))
+                if self.span is not None:
+                    self.span.abort_started(time.monotonic())
             case sm.CloseProducer():
                 self.jobs.spawn(self.committer.detach(partition.key))
             case sm.DropProducer():
@@ -275,6 +286,8 @@ class Loop:
                                              self._group_metadata, deadline)
                 if work is not None:
                     self.jobs.start(partition, work)
+                if self.span is not None:
+                    self.span.abort_started(time.monotonic())
             case sm.Abandon():
                 self.jobs.abandon(partition, self.committer.detach(partition.key))
             case sm.DrainHeld():
@@ -315,6 +328,8 @@ class Loop:
         leaving = [self.partitions[key] for key in keys if key in self.partitions]
         for partition in leaving:
             partition.releasing = True
+        if self.span is not None and not lost:  # their transaction is every partition's
+            self.span.commit_all(deadline, self._dispatch_recording, self.recorded.append)
         # An init's or a position lookup's result is discarded by the release: their
         # jobs end on their own (an init's producer is closed then), nobody waits.
         startup = {partition.key: partition.job for partition in leaving
@@ -375,7 +390,7 @@ class Loop:
             return
         if error.code() in DENIALS:  # a missing ACL never heals by itself
             raise DeniedError(Where("consume", topic=topic, partition=number), error)
-        if error.fatal():
+        if error.fatal() or error.code() == KafkaError._FATAL:  # its cause, flagged or not
             raise FatalError(Where("consume"), error)
         log.warning("kafka.consume_error", code=error.name(), error=error.str())
 

@@ -13,6 +13,7 @@ from service.settings import Settings
 from service.stage.guarantees.at_least_once import AtLeastOnce, CommitOffsets
 from service.stage.guarantees.exactly_once import ExactlyOnce
 from service.stage.guarantees.guarantee import Guarantee
+from service.stage.guarantees.spanning import Spanning
 
 OffsetsCommitted = Callable[[KafkaError | None, list[TopicPartition]], bool]
 
@@ -35,6 +36,9 @@ def for_settings(settings: Settings, metrics: Metrics, commit_offsets: CommitOff
                  message_max_bytes: int | None = None) -> tuple[Guarantee, Traits]:
     """``TXSTAGE_GUARANTEE``'s guarantee; ``commit_offsets`` commits a consumer's offsets
     (at-least-once only); ``message_max_bytes``: its producers' (producer_config's)."""
+    if settings.spanning:
+        return (Spanning(settings, metrics, message_max_bytes=message_max_bytes),
+                Traits(True, False, None))
     if settings.exactly_once:
         return (ExactlyOnce(settings, metrics, message_max_bytes=message_max_bytes),
                 Traits(True, False, None))

@@ -17,7 +17,7 @@ from service.contract.processing import Processed, Produced
 from service.errors import FencedError, KafkaOperationError, RetriableError
 from service.kafka import transaction
 from service.kafka.config import producer_config
-from service.kafka.producer import PinnedProducer
+from service.kafka.producer import PinnedProducer, close_quietly
 from service.observability.logs import error_cb, librdkafka_logger
 from service.observability.metrics import Metrics
 from service.settings import Settings
@@ -119,9 +119,9 @@ class ExactlyOnce:
             if not current:  # its partition was given up meanwhile: nobody else closes it
                 log.info("producer.abandoned", topic=key[0], partition=key[1],
                          transactional_id=tid, init_seconds=round(seconds, 4))
-                _close(producer)
+                close_quietly(producer)
                 return None  # nothing to tell: the partition is gone
-            _close(replaced)
+            close_quietly(replaced)
             self._metrics.producer_init_seconds.observe(seconds)
             log.info("producer.ready", topic=key[0], partition=key[1], transactional_id=tid,
                      init_seconds=round(seconds, 4))
@@ -186,14 +186,14 @@ class ExactlyOnce:
                     return _finish(producer, txn, commit, reason, taken)
                 return None
             finally:
-                _close(producer)
+                close_quietly(producer)
         return job
 
     def detach(self, key: TopicPartitionKey) -> Job:
         """Take the partition's producer out now; the job closes it (run it once the
         job still using it has ended)."""
         producer = self._detach(key)
-        return lambda: _close(producer)
+        return lambda: close_quietly(producer)
 
     def _detach(self, key: TopicPartitionKey) -> PinnedProducer | None:
         """Out of the registry, and an init still running for ``key`` no longer counts:
@@ -222,17 +222,9 @@ class ExactlyOnce:
         with self._lock:
             keys = set(self._producers) | set(self._initialising)
         for key in keys:
-            _close(self._detach(key))
+            close_quietly(self._detach(key))
 
 
-def _close(producer: PinnedProducer | None) -> None:
-    if producer is None:
-        return
-    try:
-        producer.close()
-    except Exception as exc:  # closing must not stop the others from closing
-        log.warning("producer.close_failed", transactional_id=producer.transactional_id,
-                    error=str(exc))
 
 
 def _begin_offsets_only(producer: PinnedProducer) -> None:

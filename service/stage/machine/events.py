@@ -54,6 +54,9 @@ class PositionFailed:
 @dataclass(frozen=True, slots=True)
 class CommitDue:
     now: float
+    # TXSTAGE_TRANSACTIONS=spanning: the replica's transaction commits for another
+    # partition's sake; this one joins it, with nothing open if it has nothing.
+    join: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,15 @@ class DeliveryFailed:
 @dataclass(frozen=True, slots=True)
 class AbortDone:
     failures: tuple[Failure, ...]
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class SpanAborted:
+    """TXSTAGE_TRANSACTIONS=spanning: the replica's transaction is aborted for another
+    partition; whatever this one had in it is gone, and it reads again from Kafka."""
+
+    error: KafkaOperationError
     now: float
 
 
@@ -166,4 +178,4 @@ class Released:
 Event = (Wrote | InitDone | InitFailed | Positioned | PositionFailed | CommitDue | CommitDone
          | CommitFailed | ProduceFailed | DeliveryFailed | AbortDone | AbortFailed | Poisoned
          | BacklogFull | BacklogDrained | TopicUnknown | TopicResolved | Tick | CallStuck
-         | ReachedEnd | Released)
+         | ReachedEnd | Released | SpanAborted)

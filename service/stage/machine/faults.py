@@ -14,6 +14,7 @@ from service.errors import (
     FencedError,
     KafkaOperationError,
     RetriableError,
+    SharedAbortError,
     Where,
 )
 from service.stage.machine.actions import (
@@ -43,6 +44,7 @@ from service.stage.machine.events import (
     Poisoned,
     PositionFailed,
     ProduceFailed,
+    SpanAborted,
 )
 from service.stage.machine.phases import Isolation, PartitionState, Pause, Phase, Policy, Txn
 
@@ -107,6 +109,15 @@ def delivery_failed(state: PartitionState, event: DeliveryFailed, policy: Policy
     if event.through is not None and any(f.offset is None for f in event.failures):
         name_until = max(name_until or 0, event.through)
     return _abort(replace(state, txn=None, name_until=name_until), None, event.failures)
+
+
+def span_aborted(state: PartitionState, event: SpanAborted, policy: Policy) -> Step:
+    """Spanning: another partition aborts the replica's transaction. An active or
+    positioning partition aborts with it (nothing of its own is counted against it)
+    and, like any aborted one, reads again from Kafka with a new producer."""
+    if state.phase not in (Phase.ACTIVE, Phase.POSITIONING):
+        return ignored(state)
+    return _abort(state, event.error, ())
 
 
 def _fault(state: PartitionState, error: KafkaOperationError, failures: tuple[Failure, ...],
@@ -176,16 +187,17 @@ def abort_done(state: PartitionState, event: AbortDone, policy: Policy) -> Step:
             suspects.pop(offset, None)
             refused[offset] = cause
             actions.append(RecordRefused(offset, cause))
-    else:
+    elif not isinstance(state.abort_error, SharedAbortError):  # another's abort: not ours
         streak += 1
         if streak >= policy.max_abort_streak:  # the same input keeps failing
             where = f"; the last covered input offsets {txn.first}..{txn.last}" if txn else ""
             return state, [Fail(_with_note(state.abort_error, cause,
                                            f"{streak} aborts in a row{where}"))]
     resume_at = state.resume_at
-    if streak > 1:  # the first retry is immediate; later ones back off
+    shared = isinstance(state.abort_error, SharedAbortError)
+    if streak > 1 and not shared:  # the first retry is immediate; later ones back off
         resume_at = event.now + _backoff(streak - 1, policy)
-    actions.insert(0, Aborted("abortable_error", txn, streak, cause))
+    actions.insert(0, Aborted("spanning" if shared else "abortable_error", txn, streak, cause))
     phase = Phase.POSITIONING
     if policy.renew_after_abort:
         phase = Phase.INITIALISING

@@ -85,15 +85,23 @@ def positioned(state: PartitionState, event: Positioned, policy: Policy) -> Step
 
 
 def commit_due(state: PartitionState, event: CommitDue, policy: Policy) -> Step:
-    if state.phase is not Phase.ACTIVE or state.txn is None:
+    """Due, or (spanning) joining the replica's commit: with nothing open, an empty
+    transaction at the committed offset joins it, so that the partition writes nothing
+    into the replica's transaction while it commits."""
+    txn = state.txn
+    if state.phase is not Phase.ACTIVE or (txn is None and not event.join):
         return ignored(state)
-    return replace(state, phase=Phase.COMMITTING), [StartCommit(state.txn)]
+    if txn is None:
+        txn = Txn(state.committed, state.committed, 0, event.now)
+    return replace(state, phase=Phase.COMMITTING, txn=txn), [StartCommit(txn)]
 
 
 def commit_done(state: PartitionState, event: CommitDone, policy: Policy) -> Step:
     if state.phase is not Phase.COMMITTING or state.txn is None:
         return ignored(state)
     txn = state.txn
+    if txn.empty:  # joined the replica's commit with nothing of its own (spanning)
+        return replace(state, phase=Phase.ACTIVE, txn=None), [DrainHeld()]
     isolation = state.isolation
     if isolation is not None:
         remaining = isolation.remaining - txn.records

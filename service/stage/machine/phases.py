@@ -52,6 +52,11 @@ class Txn:
     def last(self) -> int:
         return self.next - 1
 
+    @property
+    def empty(self) -> bool:
+        """Neither records nor a new position: a spanning commit's empty joiner."""
+        return not self.records and self.next == self.first
+
 
 @dataclass(frozen=True, slots=True)
 class Isolation:

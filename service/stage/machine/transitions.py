@@ -48,6 +48,7 @@ from service.stage.machine.events import (
     ProduceFailed,
     ReachedEnd,
     Released,
+    SpanAborted,
     Tick,
     TopicResolved,
     TopicUnknown,
@@ -112,4 +113,5 @@ HANDLERS: Mapping[type, Handler] = {
     AbortFailed: faults.abort_failed,
     Poisoned: faults.poisoned,
     CallStuck: faults.call_stuck,
+    SpanAborted: faults.span_aborted,
 }
