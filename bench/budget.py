@@ -3,10 +3,11 @@ as ratios measured in one run on one private broker (docs/benchmarks.md):
 
     python -m bench.budget --records 200000 --partitions 8 64
 
-For each partition count, one input topic is pre-filled and two exactly-once replicas
+For each partition count, one input topic is pre-filled and three exactly-once replicas
 run over it, one after the other, each in its own group: with
-``TXSTAGE_MAX_TRANSACTIONS_PER_S=100`` and with the default (no budget: one transaction
-per busy partition per commit interval, whatever their number). Each row gives records/s,
+``TXSTAGE_MAX_TRANSACTIONS_PER_S=100``, with the default (no budget: one transaction
+per busy partition per commit interval, whatever their number) and with
+``TXSTAGE_TRANSACTIONS=spanning`` (one transaction for all of the replica's partitions). Each row gives records/s,
 the stage's and the broker's CPU-s per 100k records, transactions per 100k records and
 the commit p99, and is verified exactly-once like every throughput row.
 """
@@ -30,6 +31,10 @@ from bench.throughput import (
 )
 
 BUDGET = (("TXSTAGE_MAX_TRANSACTIONS_PER_S", "100"),)
+SPANNING = (("TXSTAGE_TRANSACTIONS", "spanning"),)
+# (row label, bench.throughput mode, that mode's extra settings), each in its own group
+MODES = (("budget 100/s", VARIANT, BUDGET), ("no budget", "exactly_once", ()),
+         ("spanning", VARIANT, SPANNING))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,8 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not rows:
                 warm_up(w, 50_000, say)
             w = with_broker_idle_rate(w)
-            for label, mode in (("budget 100/s", VARIANT), ("no budget", "exactly_once")):
-                result = measure(w, mode, tag=f"-{count}")
+            for i, (label, mode, variant) in enumerate(MODES):
+                result = measure(replace(w, variant=variant), mode, tag=f"-{count}-{i}")
                 say(f"  {count} partitions, {label}: {result.records_per_s:,.0f} rec/s, "
                     f"verified {result.verified}")
                 rows.append((count, label, result))
