@@ -7,9 +7,10 @@ For each partition count, one input topic is pre-filled and three exactly-once r
 run over it, one after the other, each in its own group: with
 ``TXSTAGE_MAX_TRANSACTIONS_PER_S=100``, with the default (no budget: one transaction
 per busy partition per commit interval, whatever their number) and with
-``TXSTAGE_TRANSACTIONS=spanning`` (one transaction for all of the replica's partitions). Each row gives records/s,
-the stage's and the broker's CPU-s per 100k records, transactions per 100k records and
-the commit p99, and is verified exactly-once like every throughput row.
+``TXSTAGE_TRANSACTIONS=spanning`` (one transaction for all of the replica's
+partitions). Each row gives records/s, the stage's and the broker's CPU-s per 100k
+records, transactions per 100k records and the commit p99, and is verified
+exactly-once like every throughput row.
 """
 
 from __future__ import annotations
