@@ -11,9 +11,10 @@ from types import SimpleNamespace
 from typing import Any, ClassVar, cast
 
 import pytest
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, Message
 from prometheus_client import CollectorRegistry
 
+from service.errors import AbortableError, Failure, Where
 from service.examples.square import square
 from service.kafka.cluster import OutputLimits
 from service.observability.health import Health
@@ -39,6 +40,7 @@ class FakeProducer:
         self.calls: list[tuple[str, object]] = []
         self.release = threading.Event()
         self.release.set()
+        self.failing: dict[int, tuple[Failure, ...]] = {}  # partition -> its failed outputs
         FakeProducer.made.append(self)
 
     def init(self) -> None:
@@ -60,6 +62,9 @@ class FakeProducer:
     def commit(self) -> None:
         self.calls.append(("commit starts", None))
         self.release.wait(10)
+        if self.failing:
+            raise AbortableError(Where("commit_transaction", self.transactional_id),
+                                 KafkaError(KafkaError.INVALID_RECORD, "refused"))
         self.in_transaction = False
         self.calls.append(("committed", None))
 
@@ -67,8 +72,8 @@ class FakeProducer:
         self.in_transaction = False
         self.calls.append(("abort", None))
 
-    def take_failures_of(self, key: object) -> tuple[()]:
-        return ()
+    def take_failures_of(self, key: tuple[str, int]) -> tuple[Failure, ...]:
+        return self.failing.pop(key[1], ())
 
     def poll(self) -> None:
         pass
@@ -200,3 +205,20 @@ def test_a_revoke_commits_every_partition_then_releases(spanning_loop: Any) -> N
     assert a.key not in loop.partitions and b.state.phase is sm.Phase.ACTIVE
     assert [what for call, what in producer.calls if call == "offsets"] == [{0: 1, 1: 2}]
     assert ("abort", None) not in producer.calls and ("close", None) not in producer.calls
+
+
+def test_a_refusal_in_one_partition_is_bisected_there_only(spanning_loop: Any) -> None:
+    loop, consumer = spanning_loop
+    a, b = join(loop, 0), join(loop, 1)
+    consumer.batches.append([msg(0, 0), msg(0, 1), msg(1, 0), msg(1, 1)])
+    loop.iterate()
+    [producer] = FakeProducer.made
+    producer.failing = {0: (Failure(KafkaError.INVALID_RECORD, "INVALID_RECORD", "refused",
+                                    None),)}
+    loop.dispatch(a, sm.CommitDue(time.monotonic()))
+    settle_until(loop, lambda: a.state.phase is not sm.Phase.COMMITTING
+                 and b.state.phase is not sm.Phase.COMMITTING)
+    settle_until(loop, lambda: all(p.state.phase is sm.Phase.INITIALISING for p in (a, b)))
+    assert a.state.isolation is not None  # its refused output is looked for: bisection
+    assert b.state.isolation is None and not b.state.suspects  # b only went along
+    assert b.state.abort_streak == 0

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import structlog
 from confluent_kafka import KafkaError
 
-from service.errors import KafkaOperationError, SharedAbortError, Where
+from service.errors import Failure, KafkaOperationError, SharedAbortError, Where
 from service.kafka.producer import close_quietly
 from service.kafka.spanning_producer import SpanningProducer
 from service.settings import Settings
@@ -28,9 +28,12 @@ class Round:
     sealed: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    members: set[TopicPartitionKey] = field(default_factory=set)  # every joiner
     ran: bool = False
     seconds: float = 0.0
     error: KafkaOperationError | None = None
+    # Each member's failed outputs, when it failed: the error is only theirs to act on
+    failures: dict[TopicPartitionKey, tuple[Failure, ...]] = field(default_factory=dict)
 
 
 @dataclass(eq=False)

@@ -29,6 +29,7 @@ from confluent_kafka import KafkaError
 
 from service.contract.processing import Processed, Produced
 from service.errors import (
+    AbortableError,
     FencedError,
     KafkaOperationError,
     RetriableError,
@@ -222,6 +223,7 @@ class Spanning:
             self._open = Round(group_metadata())  # on the loop thread, as it starts
             gen.in_flight = self._open
         opened = self._open
+        opened.members.add(key)
         if not txn.empty and txn.next >= 0:
             opened.offsets[key] = txn.next
         producer = gen.producer
@@ -229,7 +231,7 @@ class Spanning:
         def job() -> Event:
             opened.sealed.wait()
             self._run_round(gen, opened, producer)
-            return self._outcome(key, gen, opened, producer)
+            return self._outcome(key, opened)
         return job
 
     def _joined(self, key: TopicPartitionKey, waited: Round, txn: Txn) -> Job:
@@ -261,6 +263,8 @@ class Spanning:
                     producer.commit()
             except KafkaOperationError as exc:
                 round_.error = exc
+                if producer is not None:
+                    round_.failures = {k: producer.take_failures_of(k) for k in round_.members}
                 if isinstance(exc, FencedError | RetriableError):
                     self._end(gen)  # never published under again
             round_.seconds = time.monotonic() - started
@@ -274,13 +278,18 @@ class Spanning:
         if closing:
             close_gen(gen)
 
-    def _outcome(self, key: TopicPartitionKey, gen: Generation, round_: Round,
-                 producer: SpanningProducer | None) -> Event:
+    def _outcome(self, key: TopicPartitionKey, round_: Round) -> Event:
         error = round_.error
-        if error is not None:
-            failures = producer.take_failures_of(key) if producer is not None else ()
-            return CommitFailed(error, failures, time.monotonic())
-        return CommitDone(round_.seconds, time.monotonic())
+        if error is None:
+            return CommitDone(round_.seconds, time.monotonic())
+        failures = round_.failures.get(key, ())
+        if not failures and isinstance(error, AbortableError) and any(
+                round_.failures.values()):
+            # Another member's outputs failed: this one aborts with it, and neither counts
+            # the abort nor looks for a refused record of its own.
+            error = shared_abort("commit_transaction", self._tid,
+                                 f"aborted for another partition's failed output: {error}")
+        return CommitFailed(error, failures, time.monotonic())
 
     def abort(self, key: TopicPartitionKey, txn: Txn | None) -> Job:
         gen = self._member_of.get(key)
