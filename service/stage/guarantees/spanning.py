@@ -1,22 +1,16 @@
 """Exactly-once with one transaction spanning every partition a replica owns
-(``TXSTAGE_TRANSACTIONS=spanning``, Kafka's KIP-447 model, as Kafka Streams'
-exactly_once_v2): one transactional producer per replica, one commit for all of
-its partitions' outputs and offsets.
+(``TXSTAGE_TRANSACTIONS=spanning``, KIP-447, as Kafka Streams' exactly_once_v2).
 
-Fencing is the consumer group's: the offsets carry the group metadata taken as the
-commit starts, and the coordinator refuses them from a replica whose generation is
-past (a zombie), which aborts its transaction. The transactional id is the
-replica's own (Settings.spanning_transactional_id).
-
-The producer lives in a *generation*: created by the first partition's init, joined
-by the others'. A commit is a *round*: the loop gathers every active partition into
-it (stage/span.py), then seals it; the first of its jobs to run sends every offset
-and commits, and each job reports the outcome for its own partition. A partition
-that becomes active while a round is under way joins it empty and waits for it to
-end, so that nothing is written into a transaction while it commits. An abort ends
-the generation: every member reads again from Kafka, each with a fresh init that
-makes or joins the next generation (its init_transactions, under the same id,
-bumps the epoch, as a per-partition producer's does after an abort).
+Fencing is the group's: the offsets carry the group metadata taken as the commit
+starts, and the coordinator refuses them from a zombie (a generation that passed).
+The producer lives in a *generation* (generation.py): made by the first partition's
+init, joined by the others'. A commit is a *round*: the loop gathers every active
+partition into it (stage/span.py), then seals it; the first of its jobs sends every
+offset and commits, each job reports for its own partition. A partition that turns
+active while a round runs joins it empty and waits: nothing is written into a
+transaction while it commits. An abort ends the generation: every member reads again
+from Kafka, and a fresh init makes or joins the next (its init_transactions, under
+the same id, bumps the epoch, as a per-partition producer's does after an abort).
 """
 
 from __future__ import annotations
@@ -394,3 +388,11 @@ class Spanning:
             keys = set(self._member_of) | set(self._initialising)
         for key in keys:
             close_gen(self._leave(key))
+        with self._lock:  # made for a partition given up while its init ran: no member
+            left = self._current
+            if left is not None and not left.members and not left.closing:
+                left.closing = True
+                self._retire(left)
+            else:
+                left = None
+        close_gen(left)
