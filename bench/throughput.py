@@ -602,8 +602,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "many as the input's, 4 and 64)")
     parser.add_argument("--profile", metavar="FILE", type=Path, default=None,
                         help="only profile one exactly-once replica into FILE (pstats format)")
-    parser.add_argument("--profile-mode", choices=MODES[:2], default="exactly_once",
-                        help="with --profile: which guarantee to profile")
+    parser.add_argument("--profile-mode", choices=(*MODES[:2], VARIANT), default="exactly_once",
+                        help="with --profile: which guarantee to profile (exactly_once_variant:"
+                             " exactly-once with the --variant settings)")
     parser.add_argument("--profiler", choices=sorted(PROFILERS), default="cprofile",
                         help="with --profile (pyinstrument must be installed in the venv)")
     parser.add_argument("--commit-interval-ms", type=int, default=COMMIT_INTERVAL_MS,

@@ -168,8 +168,8 @@ class Holding:
         """Process what the partition holds (before anything fetched later), as far as
         the poll-gap bound allows; the rest stays held, in order. Once below the
         limits, an active partition fetches again."""
-        if partition.releasing:
-            return
+        if partition.releasing or partition.state.holding:
+            return  # (holding: it joined a spanning commit as it turned active)
         if partition.held and time.monotonic() < self.yield_at:
             held, saved = self._take_held(partition)
             self.process(held, time.monotonic(), saved)

@@ -222,3 +222,26 @@ def test_a_refusal_in_one_partition_is_bisected_there_only(spanning_loop: Any) -
     assert a.state.isolation is not None  # its refused output is looked for: bisection
     assert b.state.isolation is None and not b.state.suspects  # b only went along
     assert b.state.abort_streak == 0
+
+
+def test_a_partition_that_joins_as_it_turns_active_leaves_its_held_records_alone(
+        spanning_loop: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # CommitDone while the generation commits again: the partition joins at once, then
+    # its DrainHeld runs. It held every record again, one by one, each time: at 64
+    # partitions on a backlog each record went through the loop seven times.
+    loop, consumer = spanning_loop
+    a = join(loop, 0)
+    consumer.batches.append([msg(0, 0)])
+    loop.iterate()
+    [producer] = FakeProducer.made
+    producer.release.clear()
+    loop.dispatch(a, sm.CommitDue(time.monotonic()))
+    consumer.batches.append([msg(0, 1), msg(0, 2)])
+    loop.iterate()
+    assert [m.offset() for m in a.held] == [1, 2]
+    processed: list[int] = []
+    monkeypatch.setattr(loop.runner, "process", lambda messages, *_: processed.extend(
+        m.offset() for m in messages))
+    loop.runner.drain(a)  # still committing: nothing to drain yet
+    assert processed == [] and [m.offset() for m in a.held] == [1, 2]
+    producer.release.set()
