@@ -62,7 +62,8 @@ bench-failover: install
 	$(PY) -m bench.latency $(FAILOVER_ARGS) --group-protocol classic
 	$(PY) -m bench.latency $(FAILOVER_ARGS) --group-protocol consumer
 
-# The transaction budget at 8 and 64 partitions, e.g. make bench-budget BUDGET_ARGS="--records 400000"
+# Transaction modes (per partition, budget, spanning) at 8 and 64 partitions on a backlog,
+# e.g. make bench-budget BUDGET_ARGS="--records 400000"
 bench-budget: install
 	$(PY) -m bench.budget $(BUDGET_ARGS)
 

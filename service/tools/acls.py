@@ -51,7 +51,8 @@ def stage_grants(*, input_topics: Sequence[str], group_id: str, output_topic: st
                  dlq_topic: str = "", transactional_id_prefix: str = "",
                  exactly_once: bool = True, transform_timeout: bool = True) -> list[Grant]:
     """Everything a replica needs, nothing more. The transactional ids are
-    ``<prefix>.<topic>.<partition>``, one PREFIXED ACL on ``<prefix>.`` covers them all;
+    ``<prefix>.<topic>.<partition>`` (``<prefix>.replica.<id>`` with spanning
+    transactions), one PREFIXED ACL on ``<prefix>.`` covers them all;
     ``<prefix>`` is TXSTAGE_TRANSACTIONAL_ID_PREFIX, else the group id. With the
     transform time-out on (TXSTAGE_TRANSFORM_TIMEOUT_MS, in-process): READ, WRITE and
     CREATE on ``<prefix>.txstage.overruns``, which the first overrun creates and every

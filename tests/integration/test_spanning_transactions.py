@@ -1,9 +1,9 @@
 """TXSTAGE_TRANSACTIONS=spanning against a real broker: one transaction for all of a
 replica's partitions, fenced by the group (KIP-447). The exactly-once suite's cases,
 in this mode; each ends with the lineage check (V1-V5) over what is read back
-read_committed. Rebalances run under both group protocols.
+read_committed. Rebalances and fencing run under both group protocols.
 
-Takes ≈ 150 s (2 cores)."""
+Takes ≈ 110 s (2 cores; 2026-11-29)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ def test_scale_out_and_in_commits_every_partition_before_it_moves(
     scale_out_and_in(spanning)  # the exactly-once suite's case, in this mode
 
 
+@one_protocol("classic")  # the group protocol plays no part
 def test_sigkill_mid_transaction_leaves_nothing_visible(spanning: StageSetup) -> None:
     stage = spanning
     produce_inputs(stage.bootstrap, stage.input_topic, range(4_000), PARTITIONS)
@@ -114,10 +115,12 @@ def test_a_paused_replica_cannot_commit_after_its_partitions_moved(
     assert heir.terminate() == 0
 
 
+@one_protocol("classic")  # the group protocol plays no part
 def test_poison_records_go_to_the_dead_letter_topic_exactly_once(spanning: StageSetup) -> None:
     poison_records(spanning)  # the exactly-once suite's case, in this mode
 
 
+@one_protocol("classic")  # the group protocol plays no part
 def test_a_refused_output_aborts_every_partition_and_all_are_redone(
         spanning: StageSetup, new_topic: object) -> None:
     stage = spanning
@@ -133,6 +136,7 @@ def test_a_refused_output_aborts_every_partition_and_all_are_redone(
     assert replica.terminate() == 0
 
 
+@one_protocol("classic")  # the group protocol plays no part
 def test_sigterm_mid_transaction_commits_every_partition_and_exits_0(
         spanning: StageSetup) -> None:
     stage = spanning
