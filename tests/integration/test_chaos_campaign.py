@@ -3,7 +3,7 @@ every few seconds for 30 s each, then heal, drain and check everything
 ``make chaos`` checks. A failing seed is replayed with the same arguments:
 ``make chaos CHAOS_ARGS="--seed <seed> --duration <s> ..."``.
 
-Takes ≈ 240 s (2 cores; make test, 2026-11-29)."""
+Takes ≈ 345 s (2 cores; make test, 2026-11-29)."""
 
 from __future__ import annotations
 
