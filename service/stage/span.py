@@ -18,10 +18,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from confluent_kafka import KafkaError
-
-from service.errors import SharedAbortError, Where
 from service.stage import machine as sm
+from service.stage.guarantees.generation import shared_abort
 from service.stage.guarantees.spanning import Spanning
 from service.stage.jobs import Jobs
 from service.stage.partition import Partition, TopicPartitionKey
@@ -37,7 +35,6 @@ class Span:
         self._jobs = jobs
         self._dispatch = dispatch
         self._gathering = False
-        self._record: Callable[[BaseException], None] = _raise
 
     def commit_started(self, partition: Partition, now: float) -> None:
         """After a StartCommit: gather the other active partitions, then seal."""
@@ -58,9 +55,8 @@ class Span:
         spread = self._committer.take_spread()
         if not spread:
             return
-        error = SharedAbortError(Where("abort_transaction", self._committer.transactional_id(
-            ("", -1))), KafkaError(KafkaError._STATE, "the replica's transaction was aborted "
-                                   "for another partition"))
+        error = shared_abort("abort_transaction", self._committer.transactional_id(("", -1)),
+                             "the replica's transaction was aborted for another partition")
         for key in spread:
             other = self._partitions.get(key)
             if other is not None:
@@ -75,8 +71,7 @@ class Span:
         """Before a healthy release: let what runs end, then commit every partition
         together and wait for it (until ``deadline``). ``dispatch`` and ``record`` keep
         an error for the loop thread (a rebalance callback runs this)."""
-        self._record = record
-        self._settle(self._busy(), deadline, dispatch)
+        self._settle(self._busy(), deadline, dispatch, record)
         now = time.monotonic()
         opener = next((p for p in self._partitions.values()
                        if p.state.phase is sm.Phase.ACTIVE and p.state.txn is not None
@@ -84,24 +79,21 @@ class Span:
         if opener is None:
             return
         dispatch(opener, sm.CommitDue(now, join=True))
-        self._settle(self._busy(), deadline, dispatch)
+        self._settle(self._busy(), deadline, dispatch, record)
 
     def _busy(self) -> list[Partition]:
         return [p for p in self._partitions.values()
                 if p.state.phase in (sm.Phase.COMMITTING, sm.Phase.ABORTING)]
 
-    def _settle(self, partitions: Iterable[Partition], deadline: float,
-                dispatch: Dispatch) -> None:
+    def _settle(self, partitions: Iterable[Partition], deadline: float, dispatch: Dispatch,
+                record: Callable[[BaseException], None]) -> None:
         for partition in partitions:
             completion = self._jobs.wait(partition, deadline)
             if completion is None:
                 continue
             event, error = completion
             if error is not None:
-                self._record(error)
+                record(error)
             elif event is not None:
                 dispatch(partition, event)  # type: ignore[arg-type]
 
-
-def _raise(error: BaseException) -> None:
-    raise error
