@@ -37,6 +37,7 @@ class Jobs:
         self._lock = threading.Lock()
         self._running = 0
         self._stuck = 0  # written-off jobs still holding their threads
+        self._finished = threading.Event()  # set after each completion is queued
 
     def start(self, partition: Partition, job: Callable[[], Event | ReleaseReport | None], *,
               startup: bool = False) -> None:
@@ -50,6 +51,7 @@ class Jobs:
             except BaseException as exc:  # raised on the loop thread when collected
                 completion = (None, exc)
             self._done.put((partition, token, completion))
+            self._finished.set()
             return completion
 
         executor = self._startup if startup else self._executor
@@ -97,6 +99,12 @@ class Jobs:
 
     def submit(self, job: Callable[[], object]) -> Future[object]:
         return self._executor.submit(self._counted(job))
+
+    def wait_finished(self, timeout: float) -> None:
+        """Until a job finishes (one may have since the last call), at most
+        ``timeout``; its completion is then read with ``completions``."""
+        self._finished.wait(timeout)
+        self._finished.clear()
 
     def completions(self) -> Iterator[tuple[Partition, Completion]]:
         """Finished jobs whose partition still waits for them, oldest first."""

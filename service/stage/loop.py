@@ -121,16 +121,17 @@ class Loop:
     def iterate(self) -> None:
         self.health.beat()
         self.positions.next_batch()
-        runner = self.runner
-        wait_s = self._poll_timeout_s()
-        # Results on their way from the workers: Kafka is only looked at, the wait is
-        # for whichever comes first (the runner's).
-        messages = self.consumer.consume(self.settings.batch_size,
-                                         0 if runner.waiting() else wait_s)
-        now = self.polled_at = time.monotonic()
+        runner, wait_s = self.runner, self._poll_timeout_s()
+        if self.span is not None and self.span.waited_for_commit(self.polled_at, runner):
+            messages: list[Message] = []  # none consumed: each would only be held
+            now = time.monotonic()
+        else:  # results on their way from workers: Kafka is only looked at
+            messages = self.consumer.consume(self.settings.batch_size,
+                                             0 if runner.waiting() else wait_s)
+            now = self.polled_at = time.monotonic()
+            if len(messages) < self.settings.batch_size:
+                self.fetch_watch.short_batches += 1  # librdkafka's queue ran dry
         runner.bound(now + self.policy.poll_gap_s)
-        if len(messages) < self.settings.batch_size:
-            self.fetch_watch.short_batches += 1  # librdkafka's queue ran dry
         self.raise_recorded()
         self.settle(now)
         runner.run(messages, now, wait_s)
@@ -172,9 +173,8 @@ class Loop:
 
     def _poll_timeout_s(self) -> float:
         """How long consume() may wait for records: TXSTAGE_POLL_TIMEOUT_MS, but only a
-        moment while a commit runs or records are held. A partition that is committing
-        or paused for its held records fetches nothing, so a full wait idled the loop
-        after each commit: one lagging partition committed at half its transform's pace."""
+        moment while a commit runs or records are held (a partition committing or paused
+        fetches nothing: a full wait after each commit halved a lagging partition's pace)."""
         if self.runner.held_bytes or any(p.state.phase is sm.Phase.COMMITTING
                                    for p in self.partitions.values()):
             return _BUSY_POLL_S

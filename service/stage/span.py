@@ -11,6 +11,8 @@ makes the partitions that share the replica's transaction move together.
   (``SpanAborted``): what they had open was in the same transaction.
 - Before a healthy release (a revoke, a stop), every partition commits together:
   what a revoked partition had open cannot be committed without the others'.
+- While every partition waits for the commit, the loop waits for it too, instead of
+  consuming records only to hold them.
 """
 
 from __future__ import annotations
@@ -23,8 +25,12 @@ from service.stage.guarantees.generation import shared_abort
 from service.stage.guarantees.spanning import Spanning
 from service.stage.jobs import Jobs
 from service.stage.partition import Partition, TopicPartitionKey
+from service.stage.runner import Runner
 
 Dispatch = Callable[[Partition, sm.Event], None]
+# While every partition waits for the commit, the loop waits WAIT_POLL_S at a time for
+# it instead of consuming; it still calls consume() at least every WAIT_MAX_S.
+WAIT_POLL_S, WAIT_MAX_S = 0.005, 0.1
 
 
 class Span:
@@ -61,6 +67,19 @@ class Span:
             other = self._partitions.get(key)
             if other is not None:
                 self._dispatch(other, sm.SpanAborted(error, now))
+
+    def waited_for_commit(self, polled_at: float, runner: Runner) -> bool:
+        """While every partition waits for the replica's one commit (each holds), what
+        consume() returns could only be held, then taken out of the hold again: on a
+        backlog, every record was. So wait for a job to finish instead (True), unless
+        consume() last returned ``WAIT_MAX_S`` ago or more (its callbacks, the poll
+        interval) or results are out in the runner's workers."""
+        if not self._partitions or time.monotonic() - polled_at >= WAIT_MAX_S \
+                or runner.waiting() \
+                or not all(p.state.holding for p in self._partitions.values()):
+            return False
+        self._jobs.wait_finished(WAIT_POLL_S)
+        return True
 
     def became_active(self, partition: Partition, now: float) -> None:
         if self._committer.must_wait(partition.key):

@@ -137,6 +137,13 @@ def settle_until(loop: Loop, done: Any, timeout: float = 5.0) -> None:
         time.sleep(0.005)
 
 
+def wait_for_commit_start(producer: FakeProducer) -> None:
+    deadline = time.monotonic() + 5
+    while ("commit starts", None) not in producer.calls:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
 def test_one_commit_carries_every_partitions_offsets(spanning_loop: Any) -> None:
     loop, consumer = spanning_loop
     a, b = join(loop, 0), join(loop, 1)
@@ -161,13 +168,11 @@ def test_a_partition_that_turns_active_mid_commit_writes_only_after_it(
     [producer] = FakeProducer.made
     producer.release.clear()  # the commit hangs until released
     loop.dispatch(a, sm.CommitDue(time.monotonic()))
-    deadline = time.monotonic() + 5
-    while ("commit starts", None) not in producer.calls:
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    wait_for_commit_start(producer)
     c = join(loop, 2)  # positioned while the commit runs: joins it, empty
     assert c.state.phase is sm.Phase.COMMITTING
     consumer.batches.append([msg(2, 0), msg(2, 1)])
+    loop.polled_at -= 1  # consume() is due, however long the commit runs
     loop.iterate()
     assert producer.writes() == [(0, 0)], "nothing written while the transaction commits"
     assert [m.offset() for m in c.held] == [0, 1]
@@ -178,9 +183,40 @@ def test_a_partition_that_turns_active_mid_commit_writes_only_after_it(
     assert [what for call, what in producer.calls[after:] if call == "write"] == [(2, 0), (2, 1)]
 
 
-def test_one_partitions_abort_rewinds_the_others_with_one_abort(spanning_loop: Any) -> None:
+def test_the_loop_waits_for_the_replicas_commit_instead_of_consuming_to_hold(
+        spanning_loop: Any) -> None:
+    loop, consumer = spanning_loop
+    a, b = join(loop, 0), join(loop, 1)
+    consumer.batches.append([msg(0, 0), msg(1, 0)])
+    loop.iterate()
+    [producer] = FakeProducer.made
+    producer.release.clear()  # the commit hangs until released
+    loop.dispatch(a, sm.CommitDue(time.monotonic()))
+    wait_for_commit_start(producer)
+    consumer.batches.append([msg(0, 1), msg(1, 1)])
+    loop.polled_at = time.monotonic()  # consume() has just returned
+    loop.iterate()
+    assert consumer.batches, "nothing consumed while every partition waits for the commit"
+    assert not a.held and not b.held
+    loop.polled_at -= 1  # past the longest wait: consume() runs, and its records are held
+    loop.iterate()
+    assert not consumer.batches
+    assert [m.offset() for m in a.held] == [1] and [m.offset() for m in b.held] == [1]
+    producer.release.set()
+    settle_until(loop, lambda: not a.held and not b.held
+                 and a.state.phase is b.state.phase is sm.Phase.ACTIVE)
+    after = producer.calls.index(("committed", None))  # in the order their commits ended
+    assert sorted(what for call, what in producer.calls[after:] if call == "write") == [
+        (0, 1), (1, 1)]
+
+
+def test_one_partitions_abort_rewinds_the_others_with_one_abort(
+        spanning_loop: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     loop, consumer = spanning_loop
     a, b, c = join(loop, 0), join(loop, 1), join(loop, 2)
+    start = loop.jobs.start  # the inits after the abort are run by hand, below
+    monkeypatch.setattr(loop.jobs, "start", lambda partition, job, startup=False:
+                        None if startup else start(partition, job))
     consumer.batches.append([msg(0, 0), msg(1, 0)])
     loop.iterate()
     [producer] = FakeProducer.made
@@ -237,6 +273,7 @@ def test_a_partition_that_joins_as_it_turns_active_leaves_its_held_records_alone
     producer.release.clear()
     loop.dispatch(a, sm.CommitDue(time.monotonic()))
     consumer.batches.append([msg(0, 1), msg(0, 2)])
+    loop.polled_at -= 1  # consume() is due
     loop.iterate()
     assert [m.offset() for m in a.held] == [1, 2]
     processed: list[int] = []
