@@ -63,7 +63,7 @@ bench-failover: install
 	$(PY) -m bench.latency $(FAILOVER_ARGS) --group-protocol consumer
 
 # Transaction modes (per partition, budget, spanning) at 8 and 64 partitions on a backlog,
-# e.g. make bench-budget BUDGET_ARGS="--records 400000"
+# e.g. make bench-budget BUDGET_ARGS="--repeat 5"
 bench-budget: install
 	$(PY) -m bench.budget $(BUDGET_ARGS)
 
