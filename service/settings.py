@@ -28,12 +28,11 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from service.bootstrap_servers import bootstrap_problem
 from service.errors import ConfigError
 from service.format_settings import FormatSettings
+from service.passthrough import OFFSET_RESETS, PASSTHROUGH_PREFIXES, passthrough_problems
 
 Guarantee = Literal["exactly_once", "at_least_once"]
 Transactions = Literal["per_partition", "spanning"]
 GroupProtocol = Literal["classic", "consumer"]
-PASSTHROUGH_PREFIXES = {"kafka": "TXSTAGE_KAFKA__", "consumer": "TXSTAGE_CONSUMER__",
-                        "producer": "TXSTAGE_PRODUCER__"}
 FILE_SUFFIX = "_FILE__"  # TXSTAGE_KAFKA_FILE__<property>: the value is in that file
 
 # Not settings, yet set where stages run (a shell, `make test`, the test suite, whose
@@ -50,36 +49,6 @@ NOT_SETTINGS = {
     "TXSTAGE_TEST_BASE": "deploy/images/test-base.sh (the test base image's tag)",
 }
 NOT_SETTING_PREFIXES = ("TXSTAGE_TEST_", "TXSTAGE_SPARK_", "TXSTAGE_EXAMPLE_")  # later knobs
-
-# Properties txstage sets itself; overriding any would silently void the guarantee.
-PROTECTED = {
-    "isolation.level": "exactly-once reads only committed input (read_committed)",
-    "enable.auto.commit": "offsets are committed only inside transactions",
-    "enable.auto.offset.store": "offsets are committed only inside transactions",
-    "transactional.id": "derived per input partition as <prefix>.<topic>.<partition>",
-    "enable.idempotence": "transactions need the idempotent producer",
-    "group.id": "set TXSTAGE_GROUP_ID instead",
-    "bootstrap.servers": "set TXSTAGE_BOOTSTRAP_SERVERS instead",
-    "partition.assignment.strategy": "the stage relies on cooperative-sticky rebalancing",
-    "transaction.timeout.ms": "set TXSTAGE_TRANSACTION_TIMEOUT_MS instead",
-    "group.protocol": "set TXSTAGE_GROUP_PROTOCOL=classic|consumer instead",
-}
-
-# Consumer properties of the classic protocol only; with the next-generation
-# protocol (KIP-848) the broker owns them and librdkafka refuses them.
-CLASSIC_ONLY = {
-    "session.timeout.ms": "the session timeout is the broker's group.consumer.session.timeout.ms",
-    "heartbeat.interval.ms": "the heartbeat interval is the broker's "
-                             "group.consumer.heartbeat.interval.ms",
-    "group.protocol.type": "it applies to the classic protocol only",
-}
-
-# auto.offset.reset: where a partition with no committed offset starts (librdkafka's
-# names for each end). The stage seeks there itself (service.stage.loop), so
-# "error" (fail the fetch) has nothing to act on and is refused.
-OFFSET_RESETS = {"earliest": False, "smallest": False, "beginning": False,
-                 "latest": True, "largest": True, "end": True}  # name -> at the end
-
 
 def _split(value: object) -> object:
     if isinstance(value, str):
@@ -174,9 +143,9 @@ class Settings(FormatSettings, BaseSettings):
         failed = _FAILED.get()
         timed = not failed & {"guarantee", "commit_interval_ms", "transaction_timeout_ms",
                               "transform_timeout_ms"}
-        problems = [*self._protected_overrides(), *(self._timing_problems() if timed else []),
-                    *self._protocol_problems(), *self._reset_problems(),
-                    *self._format_problems()]
+        problems = [*passthrough_problems(self.kafka, self.consumer, self.producer,
+                                          self.group_protocol),
+                    *(self._timing_problems() if timed else []), *self._format_problems()]
         # Topics that failed are stand-ins, all spelt alike: they conflict with nothing.
         inputs = () if "input_topics" in failed else self.input_topics
         if self.dlq_topic and "dlq_topic" not in failed and self.dlq_topic in inputs:
@@ -191,32 +160,6 @@ class Settings(FormatSettings, BaseSettings):
         if problems:
             raise ValueError("\n".join(problems))  # one line each (load_settings)
         return self
-
-    def _protected_overrides(self) -> list[str]:
-        found = []
-        for section, props in (("kafka", self.kafka), ("consumer", self.consumer),
-                               ("producer", self.producer)):
-            for prop in props:
-                if prop in PROTECTED:
-                    found.append(f"{PASSTHROUGH_PREFIXES[section]}{prop} cannot be set: "
-                                 f"{PROTECTED[prop]}")
-        return found
-
-    def _protocol_problems(self) -> list[str]:
-        if self.group_protocol != "consumer":
-            return []
-        return [f"{PASSTHROUGH_PREFIXES[section]}{prop} cannot be set with "
-                f"TXSTAGE_GROUP_PROTOCOL=consumer: {CLASSIC_ONLY[prop]}"
-                for section, props in (("kafka", self.kafka), ("consumer", self.consumer))
-                for prop in props if prop in CLASSIC_ONLY]
-
-    def _reset_problems(self) -> list[str]:
-        return [f"{PASSTHROUGH_PREFIXES[section]}auto.offset.reset={value.get_secret_value()} "
-                "cannot be used: a partition with no committed offset starts at "
-                "earliest (smallest, beginning) or latest (largest, end)"
-                for section, props in (("kafka", self.kafka), ("consumer", self.consumer))
-                if (value := props.get("auto.offset.reset")) is not None
-                and value.get_secret_value() not in OFFSET_RESETS]
 
     @property
     def starts_at_end(self) -> bool:
@@ -252,9 +195,17 @@ class Settings(FormatSettings, BaseSettings):
         Java client's request time-out, for its answer to arrive."""
         return self.transaction_timeout_ms / 1000 + 30
 
-    id_prefix = property(lambda self: self.transactional_id_prefix or self.group_id)
-    exactly_once = property(lambda self: self.guarantee == "exactly_once")
-    spanning = property(lambda self: self.transactions == "spanning")
+    @property
+    def id_prefix(self) -> str:
+        return self.transactional_id_prefix or self.group_id
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.guarantee == "exactly_once"
+
+    @property
+    def spanning(self) -> bool:
+        return self.transactions == "spanning"
 
     def transactional_id(self, topic: str, partition: int) -> str:
         """The id that always stands for this input partition, so that the next owner's

@@ -16,7 +16,8 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from pydantic import SecretStr
 
 from service.kafka.errors import kafka_error
-from service.settings import FILE_SUFFIX, PASSTHROUGH_PREFIXES, Settings
+from service.passthrough import PASSTHROUGH_PREFIXES
+from service.settings import FILE_SUFFIX, Settings
 
 Config = dict[str, Any]
 

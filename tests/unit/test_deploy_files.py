@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry
 
 from service.contract.loading import load_transform
 from service.observability.metrics import Metrics
-from service.settings import FILE_SUFFIX, PASSTHROUGH_PREFIXES, Settings, load_settings
+from service.passthrough import PASSTHROUGH_PREFIXES
+from service.settings import FILE_SUFFIX, Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
