@@ -255,6 +255,7 @@ def test_refusal_of_the_last_record_before_a_commit_is_dead_lettered(
 # ---------------------------------------------- defect 6: unknown topic on the hot path
 
 
+@one_protocol("consumer", "stage_on")  # the lookups and the freeze are the broker's
 def test_outputs_to_a_missing_topic_are_dead_lettered_across_a_frozen_broker(
         make_cluster: Callable[..., KafkaCluster],
         stage_on: Callable[[KafkaService], StageSetup]) -> None:
